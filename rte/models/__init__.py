@@ -1,0 +1,37 @@
+"""Models shipped with rte, and how to name one on a command line.
+
+A model is named by a short name (``reference``) or as ``module:factory``,
+where ``factory(**settings)`` returns a :class:`rte.StageModel`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from rte.composed import StageModel
+from rte.models.null import NullModel
+from rte.models.reference import ReferenceModel
+
+SHORT_NAMES: dict[str, str] = {
+    "reference": "rte.models.reference:ReferenceModel",
+    "null": "rte.models.null:NullModel",
+}
+
+
+def load_model(spec: str, **settings: Any) -> StageModel:
+    """Build the model named ``spec`` with ``settings`` (e.g. ``max_sessions=8``)."""
+    target = SHORT_NAMES.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        known = ", ".join(sorted(SHORT_NAMES))
+        raise ValueError(f"model {spec!r} is neither a short name ({known}) nor module:factory")
+    factory: Callable[..., StageModel] = getattr(importlib.import_module(module_name), attr)
+    model = factory(**settings)
+    if not isinstance(model, StageModel):
+        raise TypeError(f"{target} returned {type(model).__name__}, not a StageModel")
+    return model
+
+
+__all__ = ["SHORT_NAMES", "NullModel", "ReferenceModel", "load_model"]

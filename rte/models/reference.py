@@ -1,0 +1,157 @@
+"""The reference model: a deterministic NumPy StageModel that exercises every lane.
+
+It is the default model of the demo and the daemon, and the model the tests
+run. Per row it keeps a latent state (``channels x h x w``, the analogue of a
+KV cache) and an encoded prompt.
+
+* HOT ``denoise``: the next latent from the row's state, its ``move`` action (a
+  roll of the state by ``(dy, dx)``), its encoded prompt, and noise seeded by
+  (session, chunk index); HOT ``finalize``: commit it as the new state.
+* DEFERRED ``decode``: latent to an RGB ``uint8`` frame, written in place into
+  the chunk's output buffer.
+* ENCODE ``encode_prompt``: the heavy ``prompt`` key to an embedding, with a
+  settable cost (``encode_cost_s``) to make encodes over budget.
+
+Rows never mix and every row is computed on arrays of its own, so a session's
+output is bit-identical solo and batched, and two sessions differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rte.composed import Batch, Stage, StageModel
+from rte.contract import Manifest
+from rte.lanes import Lane
+
+_MAX_MOVE = 1 << 20
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+class ReferenceModel(StageModel):
+    """Args:
+    max_sessions: rows in the arena.
+    pipelined: decode chunk N-1 while generating chunk N (depth 2), or not (depth 1).
+    channels, latent_hw: the latent's shape, ``(channels, h, w)``.
+    scale: the frame is ``(h * scale, w * scale, 3)`` uint8.
+    encode_cost_s: seconds each prompt encode takes (sleeps on the ENCODE lane).
+    """
+
+    name = "reference"
+
+    def __init__(
+        self,
+        max_sessions: int = 8,
+        *,
+        pipelined: bool = True,
+        channels: int = 4,
+        latent_hw: tuple[int, int] = (16, 16),
+        scale: int = 4,
+        encode_cost_s: float = 0.0,
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.pipelined = pipelined
+        self.encode_cost_s = encode_cost_s
+        self._latent_shape = (channels, *latent_hw)
+        self._scale = scale
+        self._state = np.zeros((max_sessions, *self._latent_shape), np.float32)
+        self._prompt = np.zeros((max_sessions, channels, 1, 1), np.float32)
+        self._noise_seed = [0] * max_sessions
+        palette = np.random.default_rng(7).uniform(-1.0, 1.0, (channels, 3))
+        self._palette = palette.astype(np.float32) / np.float32(channels)
+        self.encodes: list[tuple[str, str]] = []  # (session, prompt) of every ENCODE
+
+    def manifest(self) -> Manifest:
+        h, w = self._latent_shape[1:]
+        return Manifest(
+            max_sessions=self.max_sessions,
+            pipeline_depth_chunks=2 if self.pipelined else 1,
+            input_latency_chunks=1,
+            latent_dtype="uint8",
+            latent_shape=(h * self._scale, w * self._scale, 3),
+            model=self.name,
+        )
+
+    def stages(self) -> Sequence[Stage]:
+        return (
+            Stage("denoise", Lane.HOT, self._denoise),
+            Stage("finalize", Lane.HOT, self._finalize),
+            Stage("decode", Lane.DEFERRED, self._decode),
+            Stage("encode_prompt", Lane.ENCODE, self._encode_prompt),
+        )
+
+    def heavy_keys(self) -> frozenset[str]:
+        return frozenset({"prompt"})
+
+    def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
+        if "prompt" in conditioning and not isinstance(conditioning["prompt"], str):
+            raise ValueError(f"prompt must be a str, got {type(conditioning['prompt']).__name__}")
+        if "move" in conditioning:
+            move = conditioning["move"]
+            ok = (
+                isinstance(move, list | tuple | np.ndarray)
+                and len(move) == 2
+                and all(isinstance(v, int | np.integer) and abs(int(v)) < _MAX_MOVE for v in move)
+            )
+            if not ok:
+                raise ValueError(f"move must be two ints (dy, dx), got {move!r}")
+
+    def seed(self, batch: Batch) -> None:
+        for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
+            self._noise_seed[row] = _digest(session)
+            rng = np.random.default_rng([self._noise_seed[row], 1 << 40])
+            self._state[row] = rng.standard_normal(self._latent_shape, np.float32) * 0.5
+            self._prompt[row] = self._embed(cond.get("prompt", ""))
+
+    def detach(self, row: int) -> None:
+        self._state[row] = 0.0
+        self._prompt[row] = 0.0
+
+    # -- stages -----------------------------------------------------------
+
+    def _denoise(self, batch: Batch) -> None:
+        latents = []
+        for row, chunk, cond in zip(batch.rows, batch.chunks, batch.conditioning, strict=True):
+            noise = np.random.default_rng([self._noise_seed[row], chunk]).standard_normal(
+                self._latent_shape, np.float32
+            )
+            dy, dx = cond.get("move", (0, 0))
+            state = np.roll(self._state[row], (int(dy), int(dx)), axis=(1, 2))
+            latent = np.tanh(
+                np.float32(0.85) * state + np.float32(0.35) * noise + self._prompt[row]
+            )
+            latents.append(latent)
+        batch.carry["latent"] = latents
+
+    def _finalize(self, batch: Batch) -> None:
+        for row, latent in zip(batch.rows, batch.carry["latent"], strict=True):
+            self._state[row] = latent
+
+    def _decode(self, batch: Batch) -> None:
+        for latent, out in zip(batch.carry["latent"], batch.out, strict=True):
+            rgb = np.einsum("chw,cd->hwd", latent, self._palette, optimize=False)
+            frame = np.clip(np.float32(127.5) + np.float32(127.5) * rgb, 0, 255).astype(np.uint8)
+            out[...] = frame.repeat(self._scale, axis=0).repeat(self._scale, axis=1)
+
+    def _encode_prompt(self, batch: Batch) -> None:
+        for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
+            if "prompt" not in cond:
+                continue
+            embedding = self._embed(cond["prompt"])
+            if self.encode_cost_s:
+                time.sleep(self.encode_cost_s)
+            self._prompt[row] = embedding
+            self.encodes.append((session, cond["prompt"]))
+
+    def _embed(self, prompt: str) -> np.ndarray[Any, Any]:
+        rng = np.random.default_rng(_digest("prompt:" + prompt))
+        shape = (self._latent_shape[0], 1, 1)
+        return rng.standard_normal(shape, np.float32) * np.float32(0.5)

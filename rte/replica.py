@@ -1,0 +1,161 @@
+"""ReplicaEngine: one engine made of child engines, sessions routed over them.
+
+For models that cannot batch (B=1) or that want several small cohorts. A
+session is routed to a child with room (a child already serving sessions first,
+then an idle pooled child, then a new one from the factory, up to
+``max_children``). A child left without sessions returns to the pool for reuse.
+
+Failure isolation: a child's ``step``/``finalize`` failure is caught and turned
+into ERROR results for that child's sessions only, so one bad session cannot
+starve the others. A child whose ``detach`` failed keeps ownership of the
+session and is never pooled again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rte.contract import Action, Engine, Manifest, ResultKind, StepResult, Timing
+from rte.errors import AdmissionError, UnknownSessionError
+
+
+@dataclass(eq=False)
+class _Child:
+    engine: Engine
+    sessions: set[str] = field(default_factory=set)
+    broken: bool = False  # its detach failed: it keeps its sessions, never pooled
+
+
+class ReplicaEngine:
+    """A Level-1 engine routing sessions over children made by ``factory``."""
+
+    def __init__(self, factory: Callable[[], Engine], max_children: int) -> None:
+        if max_children < 1:
+            raise ValueError(f"max_children must be >= 1, got {max_children}")
+        self._factory = factory
+        self._max_children = max_children
+        first = _Child(factory())
+        self._children: list[_Child] = [first]
+        self._pool: list[_Child] = [first]
+        self._route: dict[str, _Child] = {}
+        child = first.engine.manifest()
+        self._child_capacity = child.max_sessions
+        self._manifest = Manifest(
+            max_sessions=child.max_sessions * max_children,
+            pipeline_depth_chunks=child.pipeline_depth_chunks,
+            input_latency_chunks=child.input_latency_chunks,
+            latent_dtype=child.latent_dtype,
+            latent_shape=child.latent_shape,
+            model=child.model,
+        )
+
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def attach(self, session: str, conditioning: Mapping[str, Any] | None = None) -> None:
+        if session in self._route:
+            return
+        busy = [c for c in self._children if c.sessions and not c.broken and c not in self._pool]
+        candidates = [c for c in busy if len(c.sessions) < self._child_capacity]
+        for child in [*candidates, *self._pool]:
+            try:
+                child.engine.attach(session, conditioning)
+            except AdmissionError:
+                continue
+            self._take(child, session)
+            return
+        if len(self._children) < self._max_children:
+            child = _Child(self._factory())
+            self._children.append(child)
+            child.engine.attach(session, conditioning)
+            self._take(child, session)
+            return
+        raise AdmissionError(
+            f"session {session!r} refused: all {self._max_children} child engines are full; "
+            "detach a session or retry later"
+        )
+
+    def step(
+        self, due: Iterable[str], actions: Mapping[str, Action] | None = None
+    ) -> list[StepResult]:
+        due = list(dict.fromkeys(due))
+        by_child = self._group(due)
+        actions = actions or {}
+        results: dict[str, StepResult] = {}
+        for child, sessions in by_child:
+            child_actions = {s: actions[s] for s in sessions if s in actions}
+            results.update(self._guarded(sessions, child.engine.step, sessions, child_actions))
+        return [results[s] for s in due]
+
+    def finalize(self, sessions: Iterable[str] | None = None) -> list[StepResult]:
+        names = list(self._route) if sessions is None else list(dict.fromkeys(sessions))
+        results: list[StepResult] = []
+        for child, group in self._group(names):
+            done = self._guarded(group, child.engine.finalize, group)
+            results.extend(done.values())
+        return results
+
+    def detach(self, session: str) -> None:
+        child = self._owner(session)
+        try:
+            child.engine.detach(session)
+        except BaseException:
+            child.broken = True
+            raise
+        child.sessions.discard(session)
+        del self._route[session]
+        if not child.sessions and not child.broken:
+            self._pool.append(child)
+
+    # -- introspection ----------------------------------------------------
+
+    def children(self) -> list[Engine]:
+        """Every child engine made so far, in creation order."""
+        return [c.engine for c in self._children]
+
+    def child_of(self, session: str) -> Engine:
+        return self._owner(session).engine
+
+    def pooled(self) -> list[Engine]:
+        """Idle children ready for reuse."""
+        return [c.engine for c in self._pool]
+
+    # -- helpers ----------------------------------------------------------
+
+    def _take(self, child: _Child, session: str) -> None:
+        if child in self._pool:
+            self._pool.remove(child)
+        child.sessions.add(session)
+        self._route[session] = child
+
+    def _owner(self, session: str) -> _Child:
+        child = self._route.get(session)
+        if child is None:
+            raise UnknownSessionError(f"session {session!r} is not attached to this engine")
+        return child
+
+    def _group(self, sessions: list[str]) -> list[tuple[_Child, list[str]]]:
+        groups: dict[int, tuple[_Child, list[str]]] = {}
+        for s in sessions:
+            child = self._owner(s)
+            groups.setdefault(id(child), (child, []))[1].append(s)
+        return list(groups.values())
+
+    @staticmethod
+    def _guarded(
+        sessions: list[str], call: Callable[..., list[StepResult]], *args: Any
+    ) -> dict[str, StepResult]:
+        """Run one child's call; its failure becomes ERROR results for its sessions only."""
+        started = time.monotonic_ns()
+        try:
+            return {r.session: r for r in call(*args)}
+        except Exception as exc:
+            now = time.monotonic_ns()
+            message = f"{type(exc).__name__}: {exc}"
+            return {
+                s: StepResult(s, -1, ResultKind.ERROR, None, Timing(started, now), message)
+                for s in sessions
+            }

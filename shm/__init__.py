@@ -1,0 +1,1 @@
+"""shm: lock-free shared-memory transport (rings, doorbells, slab)."""

@@ -1,0 +1,104 @@
+"""ReplicaEngine: routing, pooling, B=1 parity and failure isolation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
+from rte import AdmissionError, ComposedEngine, ReplicaEngine, ResultKind
+
+
+def _replica(max_children: int, rows: int = 1) -> tuple[ReplicaEngine, list[ProbeModel]]:
+    models: list[ProbeModel] = []
+
+    def factory() -> ComposedEngine:
+        model = ProbeModel(rows)
+        models.append(model)
+        return model.bind(ComposedEngine(model, lanes="cpu"))
+
+    return ReplicaEngine(factory, max_children), models
+
+
+def test_routes_each_session_to_a_child_with_room_and_refuses_beyond() -> None:
+    engine, _ = _replica(3)
+    assert engine.manifest().max_sessions == 3
+    for s in "abc":
+        engine.attach(s)
+    owners = {s: engine.child_of(s) for s in "abc"}
+    assert len({id(c) for c in owners.values()}) == 3
+    engine.attach("a")  # idempotent
+    with pytest.raises(AdmissionError, match="all 3 child engines are full"):
+        engine.attach("d")
+
+
+def test_batched_children_fill_before_new_ones_are_made() -> None:
+    engine, _ = _replica(2, rows=2)
+    for s in "abc":
+        engine.attach(s)
+    assert engine.child_of("a") is engine.child_of("b")
+    assert engine.child_of("c") is not engine.child_of("a")
+
+
+def test_idle_children_return_to_the_pool_and_are_reused() -> None:
+    engine, models = _replica(2)
+    engine.attach("a")
+    engine.attach("b")
+    child_a = engine.child_of("a")
+    engine.detach("a")
+    assert engine.pooled() == [child_a]
+    engine.attach("c")
+    assert engine.child_of("c") is child_a
+    assert len(models) == 2  # no new child was built
+    assert engine.pooled() == []
+
+
+def test_b1_parity_with_a_single_batched_engine() -> None:
+    replica, _ = _replica(3)
+    single, _ = make_engine(3)
+    for e in (replica, single):
+        for s in "abc":
+            e.attach(s)
+    for _ in range(5):
+        left = chunks_of(replica.step(list("abc")))
+        right = chunks_of(single.step(list("abc")))
+        assert left.keys() == right.keys()
+        for s in left:
+            assert left[s][0] == right[s][0]
+            np.testing.assert_array_equal(left[s][1], right[s][1])
+    assert [r.session for r in replica.finalize()] == list("abc")
+
+
+def test_one_failing_child_does_not_starve_the_others() -> None:
+    engine, models = _replica(3)
+    for s in "abc":
+        engine.attach(s)
+    engine.step(list("abc"))
+    models[1].fail["decode"] = InjectedFailure("b's child broke")
+    results = {r.session: r for r in engine.step(list("abc"))}
+    assert results["b"].kind is ResultKind.ERROR
+    assert "b's child broke" in (results["b"].error or "")
+    assert results["a"].kind is results["c"].kind is ResultKind.CHUNK
+    models[2].fail["decode"] = InjectedFailure("c's finalize broke")
+    final = {r.session: r.kind for r in engine.finalize()}
+    assert final == {"a": ResultKind.CHUNK, "c": ResultKind.ERROR}
+    # and everybody steps on afterwards
+    engine.step(list("abc"))
+    results = {r.session: r for r in engine.step(list("abc"))}
+    assert all(r.kind is ResultKind.CHUNK for r in results.values())
+
+
+def test_a_child_whose_detach_failed_keeps_its_session_and_is_never_pooled() -> None:
+    engine, models = _replica(2)
+    engine.attach("a")
+    engine.attach("b")
+    engine.step(["a", "b"])
+    models[0].fail["detach"] = InjectedFailure("detach broke")
+    bad = engine.child_of("a")
+    with pytest.raises(InjectedFailure):
+        engine.detach("a")
+    assert engine.child_of("a") is bad  # still owned
+    engine.detach("a")  # the retry succeeds, yet the child stays out of the pool
+    assert bad not in engine.pooled()
+    engine.detach("b")
+    assert engine.pooled() == [engine.children()[1]]

@@ -1,0 +1,1 @@
+"""rte's tools: benchmarks (``rte bench-*``) and, later, the debug tool."""

@@ -1,0 +1,104 @@
+"""Scheduling overhead of ComposedEngine.step, separate from stage compute.
+
+The model is :class:`rte.models.NullModel` (zero-cost stages), so a step's time
+is the engine's own. The peer, measured in the same run, is the floor: a bare
+loop calling the same no-op stage functions on a prebuilt batch, with none of
+the engine's bookkeeping. Ratios against it are the claim; absolute times drift
+with the machine.
+
+    python -m tools.bench_engine            # table
+    python -m tools.bench_engine --json     # for scripts
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import time
+from typing import Any
+
+from rte import Batch, ComposedEngine
+from rte.models import NullModel
+from tools.report import percentiles_us, print_json, print_table
+
+
+def _engine_step_ns(sessions: int, steps: int) -> list[int]:
+    engine = ComposedEngine(NullModel(max(sessions, 1)), lanes="cpu")
+    names = [f"s{i}" for i in range(sessions)]
+    for name in names:
+        engine.attach(name)
+    for _ in range(50):
+        engine.step(names)  # warm up, fill the pipeline
+    samples = []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        engine.step(names)
+        samples.append(time.perf_counter_ns() - t0)
+    engine.close()
+    return samples
+
+
+def _floor_step_ns(sessions: int, steps: int) -> list[int]:
+    rows = list(range(sessions))
+    batch = Batch(rows, [f"s{i}" for i in rows], [0] * sessions, [{} for _ in rows])
+    samples = []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        NullModel.generate(batch)
+        NullModel.decode(batch)
+        samples.append(time.perf_counter_ns() - t0)
+    return samples
+
+
+def run(sizes: list[int], steps: int) -> dict[str, Any]:
+    rows = []
+    gc.disable()
+    try:
+        for n in sizes:
+            engine = percentiles_us(_engine_step_ns(n, steps))
+            floor = percentiles_us(_floor_step_ns(n, steps))
+            rows.append(
+                {
+                    "sessions": n,
+                    "step_p50_us": engine["p50_us"],
+                    "step_p99_us": engine["p99_us"],
+                    "per_session_us": engine["p50_us"] / n,
+                    "floor_p50_us": floor["p50_us"],
+                    "overhead_x_floor": engine["p50_us"] / max(floor["p50_us"], 1e-3),
+                }
+            )
+    finally:
+        gc.enable()
+    base = rows[0]["step_p50_us"]
+    for row in rows:
+        row["step_x_1_session"] = row["step_p50_us"] / base
+    return {"bench": "engine_overhead", "machine": platform.machine(), "steps": steps, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    result = run(args.sessions, args.steps)
+    if args.json:
+        print_json(result)
+        return
+    columns = [
+        "sessions",
+        "step_p50_us",
+        "step_p99_us",
+        "per_session_us",
+        "step_x_1_session",
+        "floor_p50_us",
+        "overhead_x_floor",
+    ]
+    print_table(
+        "ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", result["rows"], columns
+    )
+
+
+if __name__ == "__main__":
+    main()
