@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +19,26 @@ def probe() -> Iterator[tuple[ComposedEngine, ProbeModel]]:
     if model.encode_gate is not None:
         model.encode_gate.set()
     engine.close()
+
+
+@pytest.fixture
+def shm_prefix() -> Iterator[str]:
+    """A unique name part for this test's segments and semaphores.
+
+    Whatever the test leaves under it in /dev/shm is removed afterwards, even
+    when the test fails, so parallel runs never collide and nothing leaks.
+    """
+    prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
+    yield prefix
+    stem = f"rte.{os.getuid()}.{prefix}"
+    for entry in Path("/dev/shm").glob(f"*{stem}*"):
+        if entry.name.startswith((stem, "sem." + stem)):
+            entry.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_in_dev_shm() -> Iterator[None]:
+    """After the whole suite, no segment of this run may remain."""
+    yield
+    left = [p.name for p in Path("/dev/shm").glob(f"*rte.{os.getuid()}.t{os.getpid()}x*")]
+    assert not left, f"tests left shared memory behind: {left}"

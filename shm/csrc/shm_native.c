@@ -1,0 +1,498 @@
+/* shm_native.c: atomics, the SPSC ring and the slab's slot states, in C.
+ *
+ * Memory ordering is explicit (GCC/Clang __atomic builtins) because plain
+ * Python stores are no ordering guarantee: x86 hides a missing barrier, ARM
+ * does not. Every acquire names the release it pairs with. Counters that only
+ * inspectors read (pushed, full_events, ...) are relaxed: each has one writer,
+ * and a tool reading a live ring needs untorn values, not ordering.
+ *
+ * Builds on: DPDK lib/ring (free-running u64 head/tail masked on access,
+ * producer and consumer on separate lines) and crossbeam's CachePadded (128-byte
+ * lines, which also keep adjacent-line prefetch from false sharing).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "shm_native.h"
+
+_Static_assert(__atomic_always_lock_free(8, 0), "8-byte atomics must be lock-free");
+_Static_assert(sizeof(uint64_t) == 8, "uint64_t is 8 bytes");
+
+#define LINE_WORDS 16 /* 128 bytes */
+#define RING_MAGIC 0x31676e6972657472ULL /* "rtering1" */
+#define SLAB_MAGIC 0x31626c7365747274ULL /* "rtrselb1" */
+#define WRAP_MARK UINT64_MAX
+#define RECORD_HEADER 8u
+
+/* -- atomics ------------------------------------------------------------ */
+
+uint64_t shm_load_acquire(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+uint64_t shm_load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+void shm_store_release(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+int shm_cas(uint64_t *p, uint64_t expected, uint64_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+uint64_t shm_fetch_add(uint64_t *p, uint64_t v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+
+static inline void bump(uint64_t *p, uint64_t v) {
+    /* single-writer counter: relaxed is enough, the store just must not tear */
+    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
+/* -- ring ------------------------------------------------------------------
+ *
+ * Layout: a 512-byte header of four 128-byte lines, then `capacity` bytes of
+ * records. A record is an 8-byte length then the payload, padded to 8 bytes.
+ * A record never straddles the end: when it would, the producer writes a wrap
+ * marker (length WRAP_MARK) and starts the record at offset 0. A record is at
+ * most capacity / 2 bytes, so an empty ring always has room for the largest.
+ */
+
+typedef struct {
+    /* line 0: written once by init */
+    uint64_t magic, capacity, mask, max_payload;
+    uint64_t _pad0[LINE_WORDS - 4];
+    /* line 1: producer's */
+    uint64_t head; /* bytes ever pushed, incl. padding and wrap skips */
+    uint64_t pushed, bytes_pushed, full_events, high_water, oversized, wakeups;
+    uint64_t _pad1[LINE_WORDS - 7];
+    /* line 2: consumer's */
+    uint64_t tail;
+    uint64_t popped, bytes_popped, corrupt;
+    uint64_t _pad2[LINE_WORDS - 4];
+    /* line 3: the doorbell's sleeper flag, written by both sides */
+    uint64_t sleeping;
+    uint64_t _pad3[LINE_WORDS - 1];
+} ring_t;
+
+_Static_assert(sizeof(ring_t) == 512, "ring header is four 128-byte lines");
+
+static inline uint8_t *ring_data(ring_t *r) { return (uint8_t *)r + sizeof(ring_t); }
+static inline uint64_t align8(uint64_t n) { return (n + 7u) & ~(uint64_t)7u; }
+
+uint64_t shm_ring_header_size(void) { return sizeof(ring_t); }
+uint64_t shm_ring_max_payload(uint64_t capacity) { return capacity / 2 - RECORD_HEADER; }
+
+int shm_ring_init(void *ring, uint64_t capacity) {
+    ring_t *r = (ring_t *)ring;
+    if (capacity < 64 || (capacity & (capacity - 1)) != 0) return -1;
+    memset(r, 0, sizeof(ring_t));
+    r->capacity = capacity;
+    r->mask = capacity - 1;
+    r->max_payload = shm_ring_max_payload(capacity);
+    /* release: the fields above are visible before anyone sees the magic;
+       pairs with the acquire in shm_ring_check */
+    __atomic_store_n(&r->magic, RING_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int64_t shm_ring_check(void *ring, uint64_t region_size) {
+    ring_t *r = (ring_t *)ring;
+    if (region_size < sizeof(ring_t)) return -1;
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != RING_MAGIC) return -1;
+    uint64_t cap = r->capacity;
+    if (cap < 64 || (cap & (cap - 1)) != 0 || r->mask != cap - 1) return -2;
+    if (r->max_payload != shm_ring_max_payload(cap)) return -2;
+    if (sizeof(ring_t) + cap > region_size) return -3;
+    return (int64_t)cap;
+}
+
+/* Returns 0 when pushed, 1 when pushed and the consumer sleeps (ring its
+   doorbell), -1 when full, -2 when the record is larger than max_payload. */
+int shm_ring_push(void *ring, const void *data, uint64_t len, int count_full) {
+    ring_t *r = (ring_t *)ring;
+    const uint64_t cap = r->capacity;
+    if (len > r->max_payload) {
+        bump(&r->oversized, 1);
+        return -2;
+    }
+    const uint64_t need = RECORD_HEADER + align8(len);
+    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_RELAXED); /* ours alone */
+    /* acquire of tail, pairs with the release in pop: the consumer is done
+       reading the bytes we are about to overwrite */
+    const uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    const uint64_t pos = head & r->mask;
+    const uint64_t contiguous = cap - pos;
+    const uint64_t total = contiguous < need ? contiguous + need : need;
+    if (cap - (head - tail) < total) {
+        if (count_full) bump(&r->full_events, 1);
+        return -1;
+    }
+    uint64_t at = head;
+    if (contiguous < need) {
+        *(uint64_t *)(ring_data(r) + pos) = WRAP_MARK;
+        at += contiguous;
+    }
+    uint8_t *slot = ring_data(r) + (at & r->mask);
+    *(uint64_t *)slot = len;
+    memcpy(slot + RECORD_HEADER, data, len);
+    const uint64_t new_head = at + need;
+    /* release of head, pairs with the acquire in pop/used/prepare_sleep: the
+       record's bytes are visible before the consumer can see the new head */
+    __atomic_store_n(&r->head, new_head, __ATOMIC_RELEASE);
+    bump(&r->pushed, 1);
+    bump(&r->bytes_pushed, len);
+    if (new_head - tail > __atomic_load_n(&r->high_water, __ATOMIC_RELAXED))
+        __atomic_store_n(&r->high_water, new_head - tail, __ATOMIC_RELAXED);
+    /* Dekker with prepare_sleep: our head store, then a full fence, then the
+       load of the flag; the consumer stores the flag, fences, then loads head.
+       At least one of us sees the other, so a wake-up is never lost. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->sleeping, __ATOMIC_RELAXED) &&
+        __atomic_exchange_n(&r->sleeping, 0, __ATOMIC_ACQ_REL)) {
+        bump(&r->wakeups, 1);
+        return 1;
+    }
+    return 0;
+}
+
+/* The record at `tail`, skipping a wrap marker. Returns its payload length and
+   sets *at to the record's position, or -1 when empty, -3 when the bytes are
+   not a valid record (the ring was written by something other than push). */
+static int64_t ring_next(ring_t *r, uint64_t tail, uint64_t head, uint64_t *at) {
+    if (tail == head) return -1;
+    uint64_t pos = tail & r->mask;
+    uint64_t len = *(const uint64_t *)(ring_data(r) + pos);
+    if (len == WRAP_MARK) {
+        tail += r->capacity - pos;
+        if (tail >= head) return -3;
+        pos = 0;
+        len = *(const uint64_t *)ring_data(r);
+    }
+    if (len > r->max_payload || tail + RECORD_HEADER + align8(len) > head) return -3;
+    *at = tail;
+    return (int64_t)len;
+}
+
+static int64_t ring_fail(ring_t *r, int64_t code) {
+    if (code == -3) bump(&r->corrupt, 1);
+    return code;
+}
+
+/* Returns the payload length, -1 when empty, -2 when out_cap is too small (the
+   record stays), -3 when corrupt (nothing is consumed). */
+int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
+    ring_t *r = (ring_t *)ring;
+    const uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED); /* ours alone */
+    /* acquire of head, pairs with the release in push: the record is whole */
+    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+    uint64_t at;
+    int64_t len = ring_next(r, tail, head, &at);
+    if (len < 0) return ring_fail(r, len);
+    if ((uint64_t)len > out_cap) return -2;
+    memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+    /* release of tail, pairs with the acquire in push: our reads of the
+       record are done before the producer may overwrite it */
+    __atomic_store_n(&r->tail, at + RECORD_HEADER + align8((uint64_t)len), __ATOMIC_RELEASE);
+    bump(&r->popped, 1);
+    bump(&r->bytes_popped, (uint64_t)len);
+    return len;
+}
+
+/* Drains up to max_n records into `out`, packed back to back, their lengths in
+   `lens`; publishes the tail once. Returns the count (0 when empty), or -2 /
+   -3 as pop when not even the first record could be taken. */
+int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *lens,
+                           uint64_t max_n) {
+    ring_t *r = (ring_t *)ring;
+    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
+    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE); /* pairs with push */
+    uint64_t n = 0, used = 0, bytes = 0;
+    while (n < max_n) {
+        uint64_t at;
+        int64_t len = ring_next(r, tail, head, &at);
+        if (len == -1) break;
+        if (len < 0) {
+            if (n == 0) return ring_fail(r, len);
+            break; /* hand out what was good; the next call reports the damage */
+        }
+        if (used + (uint64_t)len > out_cap) {
+            if (n == 0) return -2;
+            break;
+        }
+        memcpy((uint8_t *)out + used, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+        lens[n++] = (uint64_t)len;
+        used += (uint64_t)len;
+        bytes += (uint64_t)len;
+        tail = at + RECORD_HEADER + align8((uint64_t)len);
+    }
+    if (n) {
+        __atomic_store_n(&r->tail, tail, __ATOMIC_RELEASE); /* pairs with push */
+        bump(&r->popped, n);
+        bump(&r->bytes_popped, bytes);
+    }
+    return (int64_t)n;
+}
+
+/* Copies the record `skip` records past the tail without consuming anything
+   (for inspectors; racy against a live consumer by nature, never unsafe:
+   everything read is bounds-checked). Same returns as pop. */
+int64_t shm_ring_peek(void *ring, uint64_t skip, void *out, uint64_t out_cap) {
+    ring_t *r = (ring_t *)ring;
+    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+    for (uint64_t i = 0;; i++) {
+        uint64_t at;
+        int64_t len = ring_next(r, tail, head, &at);
+        if (len < 0) return len;
+        if (i == skip) {
+            if ((uint64_t)len > out_cap) return -2;
+            memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+            return len;
+        }
+        tail = at + RECORD_HEADER + align8((uint64_t)len);
+    }
+}
+
+uint64_t shm_ring_used(void *ring) {
+    ring_t *r = (ring_t *)ring;
+    /* acquire of head pairs with push; tail is the caller's own or a snapshot */
+    uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    return head - tail;
+}
+
+/* The consumer announces that it will sleep. Returns 1 when records arrived
+   meanwhile (do not sleep; the flag is cleared), else 0 (sleep, and call
+   end_sleep on waking). */
+int shm_ring_prepare_sleep(void *ring) {
+    ring_t *r = (ring_t *)ring;
+    __atomic_store_n(&r->sleeping, 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with the fence in push */
+    if (__atomic_load_n(&r->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&r->tail, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
+void shm_ring_end_sleep(void *ring) {
+    __atomic_store_n(&((ring_t *)ring)->sleeping, 0, __ATOMIC_RELEASE);
+}
+
+/* Empties the ring for a new producer/consumer pair. Only when neither side is
+   running (the peer is dead or gone); counters are kept. */
+void shm_ring_reset(void *ring) {
+    ring_t *r = (ring_t *)ring;
+    uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&r->tail, head, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELEASE);
+}
+
+/* capacity, head, tail, pushed, popped, bytes_pushed, bytes_popped,
+   full_events, high_water, oversized, corrupt, wakeups, sleeping */
+void shm_ring_stats(void *ring, uint64_t *out) {
+    ring_t *r = (ring_t *)ring;
+    const uint64_t *fields[] = {&r->capacity,     &r->head,        &r->tail,
+                                &r->pushed,       &r->popped,      &r->bytes_pushed,
+                                &r->bytes_popped, &r->full_events, &r->high_water,
+                                &r->oversized,    &r->corrupt,     &r->wakeups,
+                                &r->sleeping};
+    for (unsigned i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        out[i] = __atomic_load_n(fields[i], __ATOMIC_RELAXED);
+}
+
+/* -- slab ------------------------------------------------------------------
+ *
+ * Metadata only: the slots' bytes live elsewhere in the segment. Each slot has
+ * one state word, generation << 2 | state, so that a state change and the
+ * generation check are one compare-and-swap: a release with a stale generation
+ * can never free a slot that has since been reused.
+ */
+
+enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
+
+typedef struct {
+    uint64_t magic, slots, max_owners, slot_size, quota, hint;
+    uint64_t _pad0[LINE_WORDS - 6];
+    uint64_t acquired, released, stale_refused, quota_refused, full_events, reclaimed, held,
+        high_water, aborted, foreign_refused;
+    uint64_t _pad1[LINE_WORDS - 10];
+} slab_t;
+
+typedef struct {
+    uint64_t word, owner, since_ns, _pad;
+} slot_t;
+
+_Static_assert(sizeof(slab_t) == 256, "slab header is two 128-byte lines");
+
+static inline uint64_t *slab_held(slab_t *s) { return (uint64_t *)(s + 1); }
+static inline uint64_t owners_words(uint64_t max_owners) { return (max_owners + 15) & ~(uint64_t)15; }
+static inline slot_t *slab_slots(slab_t *s) {
+    return (slot_t *)(slab_held(s) + owners_words(s->max_owners));
+}
+
+uint64_t shm_slab_meta_size(uint64_t slots, uint64_t max_owners) {
+    return sizeof(slab_t) + 8 * owners_words(max_owners) + sizeof(slot_t) * slots;
+}
+
+int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot_size,
+                  uint64_t quota) {
+    slab_t *s = (slab_t *)meta;
+    if (slots == 0 || max_owners == 0 || slot_size == 0) return -1;
+    memset(s, 0, shm_slab_meta_size(slots, max_owners));
+    s->slots = slots;
+    s->max_owners = max_owners;
+    s->slot_size = slot_size;
+    s->quota = quota ? quota : slots;
+    /* release: layout visible before the magic; pairs with shm_slab_check */
+    __atomic_store_n(&s->magic, SLAB_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int64_t shm_slab_check(void *meta, uint64_t region_size) {
+    slab_t *s = (slab_t *)meta;
+    if (region_size < sizeof(slab_t)) return -1;
+    if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SLAB_MAGIC) return -1;
+    if (s->slots == 0 || s->max_owners == 0 || s->slots > (1ULL << 32) ||
+        s->max_owners > (1ULL << 20))
+        return -2;
+    if (shm_slab_meta_size(s->slots, s->max_owners) > region_size) return -3;
+    return (int64_t)s->slots;
+}
+
+static void slab_unhold(slab_t *s, uint64_t owner) {
+    __atomic_fetch_sub(&slab_held(s)[owner], 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_sub(&s->held, 1, __ATOMIC_RELAXED);
+}
+
+/* Takes a free slot for `owner` (FREE -> WRITING). Returns its index and its
+   generation, -1 when no slot is free, -2 when the owner holds its quota, -4
+   for an owner out of range. */
+int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *generation) {
+    slab_t *s = (slab_t *)meta;
+    if (owner >= s->max_owners) return -4;
+    uint64_t *held = &slab_held(s)[owner];
+    if (__atomic_fetch_add(held, 1, __ATOMIC_ACQ_REL) >= s->quota) {
+        __atomic_fetch_sub(held, 1, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&s->quota_refused, 1, __ATOMIC_RELAXED);
+        return -2;
+    }
+    slot_t *slots = slab_slots(s);
+    const uint64_t n = s->slots;
+    const uint64_t start = __atomic_load_n(&s->hint, __ATOMIC_RELAXED) % n;
+    for (uint64_t k = 0; k < n; k++) {
+        const uint64_t i = (start + k) % n;
+        uint64_t word = __atomic_load_n(&slots[i].word, __ATOMIC_ACQUIRE);
+        if ((word & 3) != SLOT_FREE) continue;
+        /* acq_rel CAS: takes the slot; pairs with the release/CAS that freed it */
+        if (!__atomic_compare_exchange_n(&slots[i].word, &word, (word & ~3ULL) | SLOT_WRITING, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        __atomic_store_n(&slots[i].owner, owner, __ATOMIC_RELAXED);
+        __atomic_store_n(&slots[i].since_ns, now_ns, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->hint, i + 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&s->acquired, 1, __ATOMIC_RELAXED);
+        uint64_t total = __atomic_add_fetch(&s->held, 1, __ATOMIC_RELAXED);
+        if (total > __atomic_load_n(&s->high_water, __ATOMIC_RELAXED))
+            __atomic_store_n(&s->high_water, total, __ATOMIC_RELAXED);
+        *generation = word >> 2;
+        return (int64_t)i;
+    }
+    __atomic_fetch_sub(held, 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_add(&s->full_events, 1, __ATOMIC_RELAXED);
+    return -1;
+}
+
+static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t from, uint64_t to) {
+    if (slot >= s->slots) return -4;
+    uint64_t expected = (generation << 2) | from;
+    /* the release half publishes the slot's bytes (WRITING -> READY) or hands
+       the slot back (-> FREE); pairs with the acquire in acquire/slot */
+    if (__atomic_compare_exchange_n(&slab_slots(s)[slot].word, &expected, to, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        return 0;
+    __atomic_fetch_add(&s->stale_refused, 1, __ATOMIC_RELAXED);
+    return -1;
+}
+
+int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation) {
+    return slab_move((slab_t *)meta, slot, generation, SLOT_WRITING, (generation << 2) | SLOT_READY);
+}
+
+/* READY -> FREE with the next generation. -1 stale, -3 another owner's slot. */
+int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner) {
+    slab_t *s = (slab_t *)meta;
+    if (slot >= s->slots || owner >= s->max_owners) return -4;
+    if (__atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE) != owner) {
+        __atomic_fetch_add(&s->foreign_refused, 1, __ATOMIC_RELAXED);
+        return -3;
+    }
+    int rc = slab_move(s, slot, generation, SLOT_READY, ((generation + 1) << 2) | SLOT_FREE);
+    if (rc == 0) {
+        slab_unhold(s, owner);
+        __atomic_fetch_add(&s->released, 1, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
+/* WRITING -> FREE: the writer gives up a slot it never published. */
+int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation) {
+    slab_t *s = (slab_t *)meta;
+    if (slot >= s->slots) return -4;
+    uint64_t owner = __atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE);
+    int rc = slab_move(s, slot, generation, SLOT_WRITING, ((generation + 1) << 2) | SLOT_FREE);
+    if (rc == 0) {
+        slab_unhold(s, owner);
+        __atomic_fetch_add(&s->aborted, 1, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
+/* Frees every slot `owner` holds (a dead client's). Returns how many. */
+int64_t shm_slab_reclaim(void *meta, uint64_t owner) {
+    slab_t *s = (slab_t *)meta;
+    if (owner >= s->max_owners) return -4;
+    slot_t *slots = slab_slots(s);
+    int64_t n = 0;
+    for (uint64_t i = 0; i < s->slots; i++) {
+        uint64_t word = __atomic_load_n(&slots[i].word, __ATOMIC_ACQUIRE);
+        while ((word & 3) != SLOT_FREE &&
+               __atomic_load_n(&slots[i].owner, __ATOMIC_ACQUIRE) == owner) {
+            uint64_t next = (((word >> 2) + 1) << 2) | SLOT_FREE;
+            if (__atomic_compare_exchange_n(&slots[i].word, &word, next, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                slab_unhold(s, owner);
+                n++;
+                break;
+            }
+        }
+    }
+    __atomic_fetch_add(&s->reclaimed, (uint64_t)n, __ATOMIC_RELAXED);
+    return n;
+}
+
+/* state, generation, owner, since_ns of one slot */
+void shm_slab_slot(void *meta, uint64_t slot, uint64_t *out) {
+    slab_t *s = (slab_t *)meta;
+    slot_t *t = &slab_slots(s)[slot < s->slots ? slot : 0];
+    uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE); /* pairs with slab_move */
+    out[0] = word & 3;
+    out[1] = word >> 2;
+    out[2] = __atomic_load_n(&t->owner, __ATOMIC_RELAXED);
+    out[3] = __atomic_load_n(&t->since_ns, __ATOMIC_RELAXED);
+}
+
+/* slots, max_owners, slot_size, quota, acquired, released, stale_refused,
+   quota_refused, full_events, reclaimed, held, high_water, aborted,
+   foreign_refused */
+void shm_slab_stats(void *meta, uint64_t *out) {
+    slab_t *s = (slab_t *)meta;
+    const uint64_t *fields[] = {&s->slots,         &s->max_owners,  &s->slot_size,
+                                &s->quota,         &s->acquired,    &s->released,
+                                &s->stale_refused, &s->quota_refused, &s->full_events,
+                                &s->reclaimed,     &s->held,        &s->high_water,
+                                &s->aborted,       &s->foreign_refused};
+    for (unsigned i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        out[i] = __atomic_load_n(fields[i], __ATOMIC_RELAXED);
+}
+
+uint64_t shm_slab_held(void *meta, uint64_t owner) {
+    slab_t *s = (slab_t *)meta;
+    return owner < s->max_owners ? __atomic_load_n(&slab_held(s)[owner], __ATOMIC_ACQUIRE) : 0;
+}

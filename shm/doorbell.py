@@ -1,0 +1,59 @@
+"""Doorbell: a POSIX semaphore that wakes a sleeping ring consumer.
+
+The sleeper flag lives in the ring's header, beside the records it guards; the
+protocol is in C (``shm_ring_prepare_sleep`` and the tail of ``shm_ring_push``):
+the consumer raises the flag, fences, and re-checks the ring before sleeping;
+the producer publishes, fences, and posts only if it finds the flag raised
+(clearing it, so one sleep gets one post). Neither side can miss the other, so
+there are no lost wake-ups, and a producer whose consumer is awake pays no
+system call.
+"""
+
+from __future__ import annotations
+
+import posix_ipc
+
+from shm.errors import SegmentExistsError, SegmentNotFoundError
+
+
+class Doorbell:
+    """A named semaphore (mode 0600). The creator unlinks it."""
+
+    def __init__(self, name: str, *, create: bool = False) -> None:
+        self.name = name
+        self.owner = create
+        try:
+            if create:
+                self._sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=0)
+            else:
+                self._sem = posix_ipc.Semaphore(name)
+        except posix_ipc.ExistentialError:
+            if create:
+                raise SegmentExistsError(f"semaphore {name} already exists") from None
+            raise SegmentNotFoundError(f"no semaphore {name}") from None
+
+    def ring(self) -> None:
+        self._sem.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until rung or ``timeout`` seconds pass; True when rung."""
+        try:
+            self._sem.acquire(max(timeout, 0.0))
+        except posix_ipc.BusyError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self._sem.close()
+
+    def unlink(self) -> None:
+        unlink(self.name)
+
+
+def unlink(name: str) -> bool:
+    """Remove semaphore ``name`` if it exists; True when something was removed."""
+    try:
+        posix_ipc.unlink_semaphore(name)
+    except posix_ipc.ExistentialError:
+        return False
+    return True

@@ -1,0 +1,266 @@
+"""Segment: a named POSIX shared-memory region with a versioned header.
+
+Created mode 0600 and fully backed at creation (``posix_fallocate``), so a
+``/dev/shm`` too small for it is a clear error at start-up, never a SIGBUS in
+the middle of a stream. The first page is the header: magic, layout version, a
+kind tag, the total size, and the creator's pid and start time (pid alone is
+reused by the OS; pid plus start time names one process). The magic is
+published last with a release store, so an opener never sees a half-written
+header. Everything after the first page is the user's.
+
+The creator owns unlinking. ``close`` releases the pointers this object handed
+out; NumPy views a caller still holds keep the mapping alive until they go.
+
+Named per user (``/rte.<uid>.<name>``): another user's daemon of the same name
+is another segment. Uses posix_ipc, never ``multiprocessing.shared_memory``,
+whose resource tracker unlinks segments that other processes still use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import re
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import posix_ipc
+import psutil
+
+from shm.errors import (
+    ForeignSegmentError,
+    SegmentError,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSpaceError,
+    SegmentVersionError,
+)
+from shm.native import ffi, lib
+
+PAGE = mmap.PAGESIZE
+HEADER_SIZE = max(PAGE, 4096)
+LAYOUT_VERSION = 1
+MAGIC = int.from_bytes(b"rteseg01", "little")
+SHM_DIR = Path("/dev/shm")
+# magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
+_HEADER = struct.Struct("<QIIQQdd")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def page_align(n: int) -> int:
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+def shm_name(*parts: str) -> str:
+    """The POSIX name of one object of this user: ``/rte.<uid>.<part>.<part>...``."""
+    for part in parts:
+        if not _NAME.match(part):
+            raise ValueError(
+                f"name part {part!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
+            )
+    return "/rte." + ".".join((str(os.getuid()), *parts))
+
+
+def process_start_time(pid: int) -> float | None:
+    """The start time of process ``pid`` (seconds since the epoch), None if gone."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return float(proc.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def is_alive(pid: int, start_time: float) -> bool:
+    """Whether the process that had ``pid`` and ``start_time`` still runs."""
+    now = process_start_time(pid)
+    return now is not None and abs(now - start_time) < 0.05
+
+
+class Segment:
+    """One mapped segment. Build with :meth:`create` or :meth:`open`."""
+
+    def __init__(self, name: str, mapping: mmap.mmap, *, owner: bool) -> None:
+        self.name = name
+        self.owner = owner
+        self._mmap: mmap.mmap | None = mapping
+        self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=True)
+        _, _, kind, size, pid, start, created = _HEADER.unpack_from(mapping, 0)
+        self.kind = kind
+        self.size = size
+        self.creator_pid = pid
+        self.creator_start = start
+        self.created = created
+
+    # -- lifecycle --------------------------------------------------------
+
+    @classmethod
+    def create(cls, name: str, size: int, *, kind: int = 0) -> Segment:
+        """Create segment ``name`` of ``size`` bytes in all (header included), backed now."""
+        size = page_align(max(size, HEADER_SIZE))
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+        except posix_ipc.ExistentialError:
+            raise SegmentExistsError(f"shared-memory segment {name} already exists") from None
+        try:
+            _reserve(shm.fd, size, name)
+            mapping = mmap.mmap(shm.fd, size)
+        except BaseException:
+            posix_ipc.unlink_shared_memory(name)
+            raise
+        finally:
+            shm.close_fd()
+        me = psutil.Process()
+        _HEADER.pack_into(
+            mapping, 0, 0, LAYOUT_VERSION, kind, size, me.pid, me.create_time(), time.time()
+        )
+        segment = cls(name, mapping, owner=True)
+        # release: the header is whole before an opener can see the magic;
+        # pairs with the acquire in open
+        lib.shm_store_release(segment.word(0), MAGIC)
+        return segment
+
+    @classmethod
+    def open(cls, name: str, *, kind: int | None = None) -> Segment:
+        """Map the existing segment ``name``; refuse foreign or other-version ones."""
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise SegmentNotFoundError(f"no shared-memory segment {name}") from None
+        try:
+            actual = os.fstat(shm.fd).st_size
+            if actual < HEADER_SIZE:
+                raise ForeignSegmentError(
+                    f"{name} is not an rte segment ({actual} bytes, smaller than a header)"
+                )
+            mapping = mmap.mmap(shm.fd, actual)
+        finally:
+            shm.close_fd()
+        try:
+            return cls._checked(name, mapping, actual, kind)
+        except BaseException:
+            mapping.close()
+            raise
+
+    @classmethod
+    def _checked(cls, name: str, mapping: mmap.mmap, actual: int, kind: int | None) -> Segment:
+        base = ffi.from_buffer("char[]", mapping)
+        try:
+            magic = lib.shm_load_acquire(ffi.cast("uint64_t *", base))  # pairs with create
+        finally:
+            ffi.release(base)
+        _, version, seg_kind, size, *_ = _HEADER.unpack_from(mapping, 0)
+        if magic != MAGIC:
+            raise ForeignSegmentError(
+                f"{name} is not an rte segment, or its creator has not finished writing it"
+            )
+        if version != LAYOUT_VERSION:
+            raise SegmentVersionError(
+                f"{name} has layout version {version}; this rte reads version {LAYOUT_VERSION}. "
+                "Stop the daemon that made it, or use the rte version it runs."
+            )
+        if size != actual:
+            raise ForeignSegmentError(f"{name} header says {size} bytes but the file has {actual}")
+        if kind is not None and seg_kind != kind:
+            raise ForeignSegmentError(f"{name} is a segment of kind {seg_kind}, expected {kind}")
+        return cls(name, mapping, owner=False)
+
+    def creator_alive(self) -> bool:
+        return is_alive(self.creator_pid, self.creator_start)
+
+    def close(self) -> None:
+        """Unmap. Views still held by callers keep the mapping alive until they go."""
+        if self._mmap is None:
+            return
+        ffi.release(self._base)
+        mapping, self._mmap = self._mmap, None
+        with contextlib.suppress(BufferError):  # a caller holds a view: it goes with the last
+            mapping.close()
+
+    def unlink(self) -> None:
+        """Remove the name (creator's duty); mappings stay valid until closed."""
+        unlink(self.name)
+
+    def __enter__(self) -> Segment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- access -----------------------------------------------------------
+
+    def _live(self) -> mmap.mmap:
+        if self._mmap is None:
+            raise SegmentError(f"segment {self.name} is closed")
+        return self._mmap
+
+    def ptr(self, offset: int) -> Any:
+        """A ``char *`` at ``offset`` (for the C functions)."""
+        self._live()
+        return self._base + offset
+
+    def word(self, offset: int) -> Any:
+        """A ``uint64_t *`` at ``offset`` (8-aligned), for the atomics."""
+        return ffi.cast("uint64_t *", self.ptr(offset))
+
+    def array(
+        self, offset: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
+    ) -> np.ndarray[Any, Any]:
+        """A NumPy view of the segment's bytes at ``offset``: no copy."""
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if offset < HEADER_SIZE or offset + count * dt.itemsize > self.size:
+            raise ValueError(f"view of {count} x {dt} at {offset} is outside segment {self.name}")
+        view = np.frombuffer(self._live(), dtype=dt, count=count, offset=offset).reshape(shape)
+        if readonly:
+            view.flags.writeable = False
+        return view
+
+    def bytes_at(self, offset: int, size: int) -> memoryview:
+        return memoryview(self._live())[offset : offset + size]
+
+    @property
+    def address(self) -> int:
+        """The mapping's address in this process (to prove a view shares it)."""
+        return int(ffi.cast("uintptr_t", self.ptr(0)))
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    free = _free_bytes()
+    if free is not None and free < size:
+        raise SegmentSpaceError(
+            f"{name} needs {size:,} bytes but {SHM_DIR} has {free:,} free; make /dev/shm "
+            "larger (Docker: --shm-size) or ask for fewer slots or smaller rings"
+        )
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise SegmentSpaceError(
+                f"{name} needs {size:,} bytes and {SHM_DIR} could not back them ({exc.strerror}); "
+                "make /dev/shm larger (Docker: --shm-size)"
+            ) from None
+        raise
+
+
+def _free_bytes() -> int | None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def unlink(name: str) -> bool:
+    """Remove segment ``name`` if it exists; True when something was removed."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        return False
+    return True

@@ -1,0 +1,120 @@
+"""Segment: creation, permissions, versioned header, foreign files, space, liveness."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import struct
+
+import numpy as np
+import posix_ipc
+import pytest
+import shm_workers
+
+from shm import (
+    ForeignSegmentError,
+    Segment,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSpaceError,
+    SegmentVersionError,
+    shm_name,
+)
+from shm.segment import HEADER_SIZE, _free_bytes
+
+
+def _path(name: str) -> str:
+    return "/dev/shm/" + name.lstrip("/")
+
+
+def test_compiled_module_imports() -> None:
+    from shm._native import ffi, lib  # noqa: PLC0415
+
+    word = ffi.new("uint64_t *", 5)
+    assert lib.shm_cas(word, 5, 7) == 1
+    assert lib.shm_cas(word, 5, 9) == 0
+    assert lib.shm_fetch_add(word, 3) == 7
+    assert lib.shm_load_acquire(word) == 10
+    assert lib.shm_ring_header_size() == 512
+
+
+def test_create_open_round_trip_mode_0600_and_fully_backed(shm_prefix: str) -> None:
+    name = shm_name(shm_prefix, "seg")
+    seg = Segment.create(name, 3 * HEADER_SIZE, kind=7)
+    st = os.stat(_path(name))
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_blocks * 512 >= 3 * HEADER_SIZE  # backed now, not on first touch
+    other = Segment.open(name, kind=7)
+    assert (other.size, other.kind, other.creator_pid) == (3 * HEADER_SIZE, 7, os.getpid())
+    assert other.creator_alive()
+    a = seg.array(HEADER_SIZE, np.uint32, (4,), readonly=False)
+    a[:] = [1, 2, 3, 4]
+    assert list(other.array(HEADER_SIZE, np.uint32, (4,), readonly=True)) == [1, 2, 3, 4]
+    with pytest.raises(ForeignSegmentError, match="kind 7, expected 8"):
+        Segment.open(name, kind=8)
+    with pytest.raises(SegmentExistsError):
+        Segment.create(name, HEADER_SIZE)
+    other.close()
+    seg.close()
+    seg.unlink()
+    with pytest.raises(SegmentNotFoundError):
+        Segment.open(name)
+
+
+def test_foreign_and_old_version_segments_are_refused(shm_prefix: str) -> None:
+    garbage = shm_name(shm_prefix, "garbage")
+    raw = posix_ipc.SharedMemory(garbage, posix_ipc.O_CREX, size=HEADER_SIZE * 2)
+    os.pwrite(raw.fd, b"not ours" * 64, 0)
+    raw.close_fd()
+    with pytest.raises(ForeignSegmentError, match="not an rte segment"):
+        Segment.open(garbage)
+    tiny = shm_name(shm_prefix, "tiny")
+    posix_ipc.SharedMemory(tiny, posix_ipc.O_CREX, size=100).close_fd()
+    with pytest.raises(ForeignSegmentError, match="smaller than a header"):
+        Segment.open(tiny)
+
+    old = shm_name(shm_prefix, "old")
+    seg = Segment.create(old, HEADER_SIZE)
+    seg.bytes_at(8, 4)[:] = struct.pack("<I", 99)
+    with pytest.raises(SegmentVersionError, match="layout version 99"):
+        Segment.open(old)
+    seg.close()
+
+
+def test_too_small_dev_shm_is_a_clear_error_and_leaves_nothing(shm_prefix: str) -> None:
+    free = _free_bytes()
+    assert free is not None
+    name = shm_name(shm_prefix, "huge")
+    with pytest.raises(SegmentSpaceError, match=r"needs [\d,]+ bytes .* free"):
+        Segment.create(name, free + (1 << 30))
+    assert not os.path.exists(_path(name))
+
+
+def test_creator_liveness_uses_pid_and_start_time(shm_prefix: str) -> None:
+    name = shm_name(shm_prefix, "orphan")
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=shm_workers.create_and_exit, args=(name,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    seg = Segment.open(name)
+    assert seg.creator_pid == child.pid
+    assert not seg.creator_alive()
+    seg.close()
+    seg.unlink()
+
+
+def test_close_with_a_view_still_held_is_safe(shm_prefix: str) -> None:
+    seg = Segment.create(shm_name(shm_prefix, "held"), 2 * HEADER_SIZE)
+    view = seg.array(HEADER_SIZE, np.uint8, (8,), readonly=False)
+    view[:] = 9
+    seg.close()
+    assert view.sum() == 72  # still mapped: the view keeps the mapping alive
+    seg.close()  # idempotent
+    seg.unlink()
+
+
+def test_bad_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="name part"):
+        shm_name("no/slashes")
