@@ -58,9 +58,14 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from tools import bench_engine  # noqa: PLC0415 (only this command needs it)
+    """Run the benchmark suites in ``tools/`` (each prints its own table or JSON)."""
+    from tools import bench_engine, bench_transport  # noqa: PLC0415 (only this command)
 
-    bench_engine.main(["--json"] if args.json else [])
+    flags = ["--json"] if args.json else []
+    if args.suite in ("engine", "all"):
+        bench_engine.main(flags + (["--steps", "300"] if args.quick else []))
+    if args.suite in ("transport", "all"):
+        bench_transport.main(flags + (["--quick"] if args.quick else []))
     return 0
 
 
@@ -72,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
     p.set_defaults(func=demo)
-    p = sub.add_parser("bench", help="run the benchmarks and print a table")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("bench", help="run the benchmarks and print their tables")
+    p.add_argument("--suite", choices=["engine", "transport", "all"], default="all")
+    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     p.set_defaults(func=bench)
     args = parser.parse_args(argv)
     return int(args.func(args))

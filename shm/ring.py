@@ -33,6 +33,7 @@ from shm.segment import Segment
 
 HEADER = int(lib.shm_ring_header_size())
 CHECK_EVERY_S = 0.1
+SPIN_SLICE_NS = 1_000_000  # the spin policy polls in slices this long, yielding between
 
 
 class WaitPolicy(enum.Enum):
@@ -92,8 +93,7 @@ class Ring:
             raise ValueError(f"wait policy {self.policy.value!r} needs a doorbell")
         self.doorbell = doorbell
         self._spin_ns = int(spin_us * 1000)
-        self._out: bytearray | None = None
-        self._out_ptr: Any = None
+        self._out: Any = None  # the consumer's copy-out buffer, made on first pop
         self._lens: Any = None
 
     @staticmethod
@@ -114,7 +114,10 @@ class Ring:
 
     def push_nowait(self, record: bytes | bytearray | memoryview) -> None:
         """Append one record, or raise RingFull / RecordTooLarge at once."""
-        self._pushed(lib.shm_ring_push(self._ptr, ffi.from_buffer(record), len(record), 1), record)
+        data = record if type(record) is bytes else ffi.from_buffer(record)
+        rc = lib.shm_ring_push(self._ptr, data, len(record), 1)
+        if rc:
+            self._pushed(rc, record)
 
     def push(
         self,
@@ -123,10 +126,11 @@ class Ring:
         check: Callable[[], None] | None = None,
     ) -> None:
         """Append one record, waiting up to ``timeout`` s for room; then RingFull."""
-        data = ffi.from_buffer(record)
+        data = record if type(record) is bytes else ffi.from_buffer(record)
         rc = lib.shm_ring_push(self._ptr, data, len(record), 1)
         if rc != -1:
-            self._pushed(rc, record)
+            if rc:
+                self._pushed(rc, record)
             return
         start = time.monotonic()
         deadline, next_check, pause = start + timeout, start + CHECK_EVERY_S, 20e-6
@@ -160,41 +164,52 @@ class Ring:
 
     # -- consumer ---------------------------------------------------------
 
-    def _buffers(self) -> tuple[Any, bytearray]:
+    def _buffers(self) -> Any:
         if self._out is None:
-            self._out = bytearray(self.capacity)
-            self._out_ptr = ffi.from_buffer(self._out)
+            self._out = ffi.new("char[]", self.capacity)
             self._lens = ffi.new("uint64_t[]", self.capacity // 8)
-        return self._out_ptr, self._out
+        return self._out
 
     def pop_nowait(self) -> bytes:
         """Take the oldest record, or raise RingEmpty at once."""
-        ptr, out = self._buffers()
-        n = int(lib.shm_ring_pop(self._ptr, ptr, self.capacity))
+        out = self._out if self._out is not None else self._buffers()
+        n = lib.shm_ring_pop(self._ptr, out, self.capacity)
         if n >= 0:
-            return bytes(out[:n])
+            return ffi.unpack(out, n)  # type: ignore[no-any-return]
         if n == -1:
             raise RingEmpty(f"ring in {self.segment.name} is empty")
         raise RingCorrupt(f"ring in {self.segment.name} at {self.offset} holds invalid bytes")
 
     def pop(self, timeout: float, check: Callable[[], None] | None = None) -> bytes:
         """Take the oldest record, waiting up to ``timeout`` s; then RingEmpty."""
-        if not self.wait_readable(timeout, check):
+        out = self._out if self._out is not None else self._buffers()
+        # The spin phase polls in C (GIL released) and takes the record the
+        # moment it lands; only an empty ring after it pays the slower wait.
+        n = lib.shm_ring_pop_spin(self._ptr, out, self.capacity, self._first_spin_ns(timeout))
+        if n >= 0:
+            return ffi.unpack(out, n)  # type: ignore[no-any-return]
+        if n == -1 and not self.wait_readable(timeout, check):
             raise RingEmpty(f"ring in {self.segment.name} stayed empty for {timeout}s")
         return self.pop_nowait()
 
+    def _first_spin_ns(self, timeout: float) -> int:
+        if self.policy is WaitPolicy.BLOCK:
+            return 0
+        if self.policy is WaitPolicy.SPIN:
+            return min(int(timeout * 1e9), SPIN_SLICE_NS)
+        return min(int(timeout * 1e9), self._spin_ns)
+
     def pop_batch_nowait(self, max_records: int | None = None) -> list[bytes]:
         """Take every record available now (at most ``max_records``); [] when empty."""
-        ptr, out = self._buffers()
+        out = self._buffers()
         limit = self.capacity // 8 if max_records is None else min(max_records, self.capacity // 8)
-        n = int(lib.shm_ring_pop_batch(self._ptr, ptr, self.capacity, self._lens, limit))
+        n = int(lib.shm_ring_pop_batch(self._ptr, out, self.capacity, self._lens, limit))
         if n < 0:
             raise RingCorrupt(f"ring in {self.segment.name} at {self.offset} holds invalid bytes")
         records, at = [], 0
-        view = memoryview(out)
         for i in range(n):
             size = int(self._lens[i])
-            records.append(bytes(view[at : at + size]))
+            records.append(ffi.unpack(out + at, size))
             at += size
         return records
 
@@ -206,28 +221,30 @@ class Ring:
 
     def wait_readable(self, timeout: float, check: Callable[[], None] | None = None) -> bool:
         """Wait by the ring's policy until a record is available; False after ``timeout``."""
-        if lib.shm_ring_used(self._ptr):
+        ptr = self._ptr
+        if lib.shm_ring_used(ptr):
             return True
         start = time.monotonic_ns()
         deadline = start + int(timeout * 1e9)
         spin_until = start + (self._spin_ns if self.policy is WaitPolicy.SPIN_THEN_BLOCK else 0)
+        spinning = self.policy is WaitPolicy.SPIN
         next_check = start + int(CHECK_EVERY_S * 1e9)
-        polls = 0
+        now = start
         while True:
-            now = time.monotonic_ns()
-            if self.policy is WaitPolicy.SPIN or now < spin_until:
-                if lib.shm_ring_used(self._ptr):
+            if spinning or now < spin_until:
+                limit = deadline if spinning else spin_until
+                if lib.shm_ring_wait_used(ptr, max(0, min(limit - now, SPIN_SLICE_NS))):
                     return True
-                polls += 1
-                if polls % 256 == 0:
-                    os.sched_yield()
+                if spinning:
+                    os.sched_yield()  # between slices, let a peer on this core run
             elif self._sleep((min(deadline, next_check) if check else deadline) - now):
                 return True
+            now = time.monotonic_ns()
             if check is not None and now >= next_check:
                 check()
                 next_check = now + int(CHECK_EVERY_S * 1e9)
             if now >= deadline:
-                return bool(lib.shm_ring_used(self._ptr))
+                return bool(lib.shm_ring_used(ptr))
 
     def _sleep(self, budget_ns: int) -> bool:
         """Announce sleep, re-check, sleep on the doorbell. True when records are there."""

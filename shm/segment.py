@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import re
@@ -213,11 +214,23 @@ class Segment:
         self, offset: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
     ) -> np.ndarray[Any, Any]:
         """A NumPy view of the segment's bytes at ``offset``: no copy."""
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        if offset < HEADER_SIZE or offset + count * dt.itemsize > self.size:
-            raise ValueError(f"view of {count} x {dt} at {offset} is outside segment {self.name}")
-        view = np.frombuffer(self._live(), dtype=dt, count=count, offset=offset).reshape(shape)
+        return self.view(offset, np.dtype(dtype), math.prod(shape), shape, readonly=readonly)
+
+    def view(
+        self,
+        offset: int,
+        dtype: np.dtype[Any],
+        count: int,
+        shape: tuple[int, ...],
+        *,
+        readonly: bool,
+    ) -> np.ndarray[Any, Any]:
+        """:meth:`array` for callers that already hold the dtype and element count."""
+        if offset < HEADER_SIZE or offset + count * dtype.itemsize > self.size:
+            raise ValueError(
+                f"view of {count} x {dtype} at {offset} is outside segment {self.name}"
+            )
+        view = np.frombuffer(self._live(), dtype=dtype, count=count, offset=offset).reshape(shape)
         if readonly:
             view.flags.writeable = False
         return view

@@ -18,6 +18,7 @@ asynchronously); elsewhere it does nothing, and never imports torch.
 from __future__ import annotations
 
 import enum
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -169,9 +170,9 @@ class Slab:
         self, slot: int, generation: int, dtype: Any, shape: tuple[int, ...]
     ) -> np.ndarray[Any, Any]:
         """A read-only view of a published slot's bytes: no copy."""
-        self._check_slot(slot)
-        info = self.slot(slot)
-        if info.state is not SlotState.READY or info.generation != generation:
+        if not lib.shm_slab_is_ready(self._meta, slot, generation):
+            self._check_slot(slot)
+            info = self.slot(slot)
             raise StaleSlot(
                 f"slot {slot} generation {generation} is not published "
                 f"(it is {info.state.name.lower()} at generation {info.generation})"
@@ -258,13 +259,14 @@ class Slab:
     def _array(
         self, slot: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
     ) -> np.ndarray[Any, Any]:
-        nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
-        if nbytes > self.slot_size:
+        dt = np.dtype(dtype)
+        count = math.prod(shape)
+        if dt.itemsize * count > self.slot_size:
             raise ValueError(
-                f"{nbytes:,} bytes of {dtype} {shape} exceed a slot ({self.slot_size:,})"
+                f"{dt.itemsize * count:,} bytes of {dt} {shape} exceed a slot ({self.slot_size:,})"
             )
         offset = self.data_offset + slot * self.slot_size
-        return self.segment.array(offset, dtype, shape, readonly=readonly)
+        return self.segment.view(offset, dt, count, shape, readonly=readonly)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:

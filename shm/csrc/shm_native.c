@@ -12,6 +12,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "shm_native.h"
 
@@ -37,6 +38,38 @@ int shm_cas(uint64_t *p, uint64_t expected, uint64_t desired) {
 
 uint64_t shm_fetch_add(uint64_t *p, uint64_t v) {
     return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+
+/* -- bounded spinning -------------------------------------------------------
+ * Spinning is done here rather than in Python: a poll costs nanoseconds, the
+ * CPU is told it spins (pause/yield), and cffi releases the GIL for the call.
+ * Every spin is bounded by a deadline; the caller decides what comes after. */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Returns 1 once *p == value (acquire: pairs with the writer's release), 0
+   when spin_ns pass first. */
+int shm_spin_until_equal(const uint64_t *p, uint64_t value, uint64_t spin_ns) {
+    const uint64_t deadline = now_ns() + spin_ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (__atomic_load_n(p, __ATOMIC_ACQUIRE) == value) return 1;
+            cpu_relax();
+        }
+        if (now_ns() >= deadline) return 0;
+    }
 }
 
 static inline void bump(uint64_t *p, uint64_t v) {
@@ -104,7 +137,7 @@ int64_t shm_ring_check(void *ring, uint64_t region_size) {
 
 /* Returns 0 when pushed, 1 when pushed and the consumer sleeps (ring its
    doorbell), -1 when full, -2 when the record is larger than max_payload. */
-int shm_ring_push(void *ring, const void *data, uint64_t len, int count_full) {
+int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
     ring_t *r = (ring_t *)ring;
     const uint64_t cap = r->capacity;
     if (len > r->max_payload) {
@@ -255,6 +288,27 @@ uint64_t shm_ring_used(void *ring) {
     uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     return head - tail;
+}
+
+/* pop, polling for up to spin_ns while the ring is empty. Same returns. */
+int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin_ns) {
+    int64_t n = shm_ring_pop(ring, out, out_cap);
+    if (n != -1 || spin_ns == 0) return n;
+    if (shm_ring_wait_used(ring, spin_ns) == 0) return -1;
+    return shm_ring_pop(ring, out, out_cap);
+}
+
+/* Polls for up to spin_ns until the ring holds something; returns the bytes used. */
+uint64_t shm_ring_wait_used(void *ring, uint64_t spin_ns) {
+    const uint64_t deadline = now_ns() + spin_ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            uint64_t used = shm_ring_used(ring);
+            if (used) return used;
+            cpu_relax();
+        }
+        if (now_ns() >= deadline) return 0;
+    }
 }
 
 /* The consumer announces that it will sleep. Returns 1 when records arrived
@@ -413,6 +467,15 @@ static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t fro
 
 int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation) {
     return slab_move((slab_t *)meta, slot, generation, SLOT_WRITING, (generation << 2) | SLOT_READY);
+}
+
+/* 1 when the slot is published at `generation` (acquire: its bytes are
+   visible; pairs with the release in publish). */
+int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation) {
+    slab_t *s = (slab_t *)meta;
+    if (slot >= s->slots) return 0;
+    return __atomic_load_n(&slab_slots(s)[slot].word, __ATOMIC_ACQUIRE) ==
+           ((generation << 2) | SLOT_READY);
 }
 
 /* READY -> FREE with the next generation. -1 stale, -3 another owner's slot. */

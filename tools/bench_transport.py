@@ -1,0 +1,403 @@
+"""Transport benchmark: rte's rings and slab against the peers, in one run.
+
+Three measurements, each against peers measured side by side (ratios are the
+claim; absolute times drift with the machine and its load):
+
+1. Round trip of a 64-byte record to another process and back, p50/p99: an
+   rte ring pair (``spin`` and ``spin-then-block``) against the floor (a bare
+   shared-memory handoff of one word, polled by the same C spin loop the rings
+   use), ``multiprocessing.Pipe``, ``multiprocessing.Queue`` and pyzmq
+   ``ipc://`` (when installed).
+2. Throughput of 64-byte records through the other process and back,
+   pipelined (records/s).
+3. Handing a latent (64 KiB to 32 MiB) to another process until it holds
+   a usable NumPy array and says so: the rte slab (publish, a 24-byte message,
+   a read-only view in place) against ``multiprocessing.Queue``, ``Pipe`` and
+   pyzmq (zero-copy sends where they offer them).
+
+    python -m tools.bench_transport [--json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shm import Doorbell, Ring, Segment, Slab, shm_name
+from shm.native import lib
+from shm.segment import HEADER_SIZE
+from tools.report import percentiles_us, print_json, print_table
+
+SPAWN = multiprocessing.get_context("spawn")
+RING_CAPACITY = 1 << 16
+SMALL = 64
+LATENT_SIZES = [64 << 10, 1 << 20, 8 << 20, 32 << 20]
+SPIN_NS = 10_000_000
+SLOT = struct.Struct("<QQQ")  # slot, generation, nbytes: the whole slab message
+
+zmq: Any
+try:
+    import zmq
+except ImportError:  # pyzmq is optional: its rows are left out
+    zmq = None
+
+
+# -- shared-memory fixtures (one segment: two words, two rings, a slab) ----------
+
+
+class Rig:
+    """A segment with the floor's two words, a ring pair with doorbells, and a slab."""
+
+    def __init__(self, slot_bytes: int, create: bool, name: str = "") -> None:
+        self.name = name or f"bench{os.getpid()}x{uuid.uuid4().hex[:8]}"
+        self.words = HEADER_SIZE
+        self.rings = (HEADER_SIZE + 256, HEADER_SIZE + 256 + Ring.footprint(RING_CAPACITY))
+        self.slab_at = self.rings[1] + Ring.footprint(RING_CAPACITY)
+        size = self.slab_at + Slab.footprint(self.slab_at, 4, slot_bytes, 2)
+        seg_name = shm_name(self.name, "seg")
+        bells = (shm_name(self.name, "bell0"), shm_name(self.name, "bell1"))
+        if create:
+            self.segment = Segment.create(seg_name, size)
+            self.bells = [Doorbell(b, create=True) for b in bells]
+            for at in self.rings:
+                Ring.create(self.segment, at, RING_CAPACITY, policy="spin")
+            Slab.create(self.segment, self.slab_at, slots=4, slot_bytes=slot_bytes, max_owners=2)
+        else:
+            self.segment = Segment.open(seg_name)
+            self.bells = [Doorbell(b) for b in bells]
+        self.slab = Slab(self.segment, self.slab_at)
+        self.slot_bytes = slot_bytes
+
+    def ring(self, i: int, policy: str) -> Ring:
+        return Ring(self.segment, self.rings[i], doorbell=self.bells[i], policy=policy)
+
+    def close(self) -> None:
+        self.segment.close()
+        for bell in self.bells:
+            bell.close()
+        if self.segment.owner:
+            self.segment.unlink()
+            for bell in self.bells:
+                bell.unlink()
+
+
+# -- the other process ----------------------------------------------------------
+
+
+def _server(kind: str, spec: dict[str, Any], endpoints: Any) -> None:
+    """Echo or acknowledge ``spec['n']`` times, over the transport ``kind``."""
+    n = spec["n"]
+    if kind in ("floor", "ring-spin", "ring-spin-then-block", "slab"):
+        rig = Rig(spec["slot_bytes"], create=False, name=spec["rig"])
+        if kind == "floor":
+            ping, pong = rig.segment.word(rig.words), rig.segment.word(rig.words + 128)
+            for i in range(1, n + 1):
+                while not lib.shm_spin_until_equal(ping, i, SPIN_NS):  # acquire; pairs below
+                    pass
+                lib.shm_store_release(pong, i)
+        elif kind == "slab":
+            rx, tx = rig.ring(0, "spin-then-block"), rig.ring(1, "spin-then-block")
+            for _ in range(n):
+                slot, generation, nbytes = SLOT.unpack(rx.pop(timeout=60))
+                view = rig.slab.view(slot, generation, np.uint8, (nbytes,))
+                assert view[0] == 7
+                del view
+                rig.slab.release(slot, generation, 1)
+                tx.push(b"ack", timeout=60)
+        else:
+            policy = kind.removeprefix("ring-")
+            rx, tx = rig.ring(0, policy), rig.ring(1, policy)
+            for _ in range(n):
+                tx.push(rx.pop(timeout=60), timeout=60)
+        rig.close()
+    elif kind == "pipe":
+        for _ in range(n):
+            data = endpoints.recv_bytes()
+            if spec["latent"]:
+                assert np.frombuffer(data, np.uint8)[0] == 7
+                data = b"ack"
+            endpoints.send_bytes(data)
+    elif kind == "queue":
+        inbound, outbound = endpoints
+        for _ in range(n):
+            item = inbound.get(timeout=60)
+            if spec["latent"]:
+                assert item[0] == 7
+                item = b"ack"
+            outbound.put(item)
+    elif kind == "zmq":
+        sock: Any = zmq.Context.instance().socket(zmq.PAIR)
+        sock.connect(spec["address"])
+        for _ in range(n):
+            frame = sock.recv(copy=False)
+            if spec["latent"]:
+                assert np.frombuffer(frame.buffer, np.uint8)[0] == 7
+                sock.send(b"ack")
+            else:
+                sock.send(frame, copy=False)
+        sock.close()
+
+
+# -- the measuring side -----------------------------------------------------------
+
+
+class _Peer:
+    """The measuring side's end of one transport, with its server process running."""
+
+    def __init__(self, kind: str, spec: dict[str, Any]) -> None:
+        self.kind = kind
+        self.rig: Rig | None = None
+        self.here: Any = None
+        endpoints: Any = None
+        if kind in ("floor", "ring-spin", "ring-spin-then-block", "slab"):
+            self.rig = Rig(spec["slot_bytes"], create=True)
+            spec["rig"] = self.rig.name
+        elif kind == "pipe":
+            self.here, endpoints = SPAWN.Pipe()
+        elif kind == "queue":
+            endpoints = (SPAWN.Queue(), SPAWN.Queue())
+            self.here = endpoints
+        elif kind == "zmq":
+            self.address = f"ipc:///tmp/rte-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            spec["address"] = self.address
+            self.here = zmq.Context.instance().socket(zmq.PAIR)
+            self.here.bind(self.address)
+        self.server = SPAWN.Process(target=_server, args=(kind, spec, endpoints), daemon=True)
+        self.server.start()
+
+    def close(self) -> None:
+        self.server.join(60)
+        if self.server.is_alive():
+            self.server.kill()
+        if self.rig is not None:
+            self.rig.close()
+        if self.kind == "zmq":
+            self.here.close(linger=0)
+            os.unlink(self.address.removeprefix("ipc://"))
+
+
+def _available(kind: str) -> bool:
+    return kind != "zmq" or zmq is not None
+
+
+def _measure(kind: str, n: int, latent: int | None, warmup: int) -> list[int]:
+    """Run ``warmup + n`` timed exchanges; returns the last ``n`` in ns."""
+    size = latent or SMALL
+    spec: dict[str, Any] = {"n": n + warmup, "latent": latent is not None, "slot_bytes": size}
+    peer = _Peer(kind, spec)
+    try:
+        exchange = _exchange(peer, size, latent is not None)
+        samples = [exchange(i + 1) for i in range(n + warmup)]
+    finally:
+        peer.close()
+    return samples[warmup:]
+
+
+def _exchange(peer: _Peer, size: int, latent: bool) -> Callable[[int], int]:
+    """One timed exchange (returns its ns) for each kind."""
+    kind, rig, here = peer.kind, peer.rig, peer.here
+    payload = np.full(size, 7, np.uint8)
+    small = bytes(SMALL)
+    if kind == "floor":
+        assert rig is not None
+        ping, pong = rig.segment.word(rig.words), rig.segment.word(rig.words + 128)
+
+        def floor(i: int) -> int:
+            t0 = time.perf_counter_ns()
+            lib.shm_store_release(ping, i)  # pairs with the server's acquire
+            while not lib.shm_spin_until_equal(pong, i, SPIN_NS):
+                pass
+            return time.perf_counter_ns() - t0
+
+        return floor
+    if kind in ("ring-spin", "ring-spin-then-block"):
+        assert rig is not None
+        policy = kind.removeprefix("ring-")
+        tx, rx = rig.ring(0, policy), rig.ring(1, policy)
+
+        def ring(_: int) -> int:
+            t0 = time.perf_counter_ns()
+            tx.push(small, timeout=60)
+            rx.pop(timeout=60)
+            return time.perf_counter_ns() - t0
+
+        return ring
+    if kind == "slab":
+        assert rig is not None
+        tx, rx = rig.ring(0, "spin-then-block"), rig.ring(1, "spin-then-block")
+        slab = rig.slab
+
+        # The engine writes each latent once, straight into its slot; that write is
+        # not the transport's, so it happens here, before timing, once per slot
+        # (an aborted slot keeps its bytes). The other peers start from a ready array.
+        leases = [slab.acquire(1) for _ in range(slab.slots)]
+        for lease in leases:
+            slab.writable(lease, np.uint8, (size,))[:] = payload
+            slab.abort(lease)
+
+        def handoff(_: int) -> int:
+            lease = slab.acquire(1)
+            t0 = time.perf_counter_ns()
+            slab.publish(lease)
+            tx.push(SLOT.pack(lease.slot, lease.generation, size), timeout=60)
+            rx.pop(timeout=60)
+            return time.perf_counter_ns() - t0
+
+        return handoff
+    if kind == "pipe":
+
+        def pipe(_: int) -> int:
+            t0 = time.perf_counter_ns()
+            here.send_bytes(payload if latent else small)
+            here.recv_bytes()
+            return time.perf_counter_ns() - t0
+
+        return pipe
+    if kind == "queue":
+        outbound, inbound = here
+
+        def queue(_: int) -> int:
+            t0 = time.perf_counter_ns()
+            outbound.put(payload if latent else small)
+            inbound.get(timeout=60)
+            return time.perf_counter_ns() - t0
+
+        return queue
+
+    def zmq_pair(_: int) -> int:
+        t0 = time.perf_counter_ns()
+        here.send(payload if latent else small, copy=not latent)
+        here.recv(copy=False)
+        return time.perf_counter_ns() - t0
+
+    return zmq_pair
+
+
+def _throughput(kind: str, n: int) -> float:
+    """64-byte records per second pushed through the echo process and back, pipelined:
+    the sender never waits for an echo, it drains whatever has come back."""
+    peer = _Peer(kind, {"n": n, "latent": False, "slot_bytes": SMALL})
+    small = bytes(SMALL)
+    got = 0
+    try:
+        t0 = time.perf_counter()
+        if peer.rig is not None:
+            policy = kind.removeprefix("ring-") if kind.startswith("ring-") else "spin-then-block"
+            tx, rx = peer.rig.ring(0, policy), peer.rig.ring(1, policy)
+            for _ in range(n):
+                tx.push(small, timeout=60)
+                got += len(rx.pop_batch_nowait())
+            while got < n:
+                got += len(rx.pop_batch(timeout=60))
+        elif kind == "pipe":
+            for _ in range(n):
+                peer.here.send_bytes(small)
+                while peer.here.poll():
+                    peer.here.recv_bytes()
+                    got += 1
+            while got < n:
+                peer.here.recv_bytes()
+                got += 1
+        elif kind == "queue":
+            outbound, inbound = peer.here
+            for _ in range(n):
+                outbound.put(small)
+            for _ in range(n):
+                inbound.get(timeout=60)
+        else:
+            for _ in range(n):
+                peer.here.send(small)
+                while peer.here.poll(0):
+                    peer.here.recv()
+                    got += 1
+            while got < n:
+                peer.here.recv()
+                got += 1
+        return n / (time.perf_counter() - t0)
+    finally:
+        peer.close()
+
+
+SMALL_PEERS = ["floor", "ring-spin", "ring-spin-then-block", "pipe", "queue", "zmq"]
+LATENT_PEERS = ["slab", "queue", "pipe", "zmq"]
+LABELS = {
+    "floor": "shm spin handoff (floor)",
+    "ring-spin": "rte ring pair, spin",
+    "ring-spin-then-block": "rte ring pair, spin-then-block",
+    "slab": "rte slab + ring",
+    "pipe": "multiprocessing.Pipe",
+    "queue": "multiprocessing.Queue",
+    "zmq": "pyzmq ipc PAIR",
+}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    trips = 2000 if quick else 10000
+    small_rows: list[dict[str, Any]] = []
+    for kind in filter(_available, SMALL_PEERS):
+        stats = percentiles_us(_measure(kind, trips, None, warmup=200))
+        small_rows.append({"peer": LABELS[kind], "kind": kind, **stats})
+    floor = next(r for r in small_rows if r["kind"] == "floor")["p50_us"]
+    ring = next(r for r in small_rows if r["kind"] == "ring-spin")["p50_us"]
+    for row in small_rows:
+        row["x_floor"] = row["p50_us"] / floor
+        row["x_ring"] = row["p50_us"] / ring
+    records = 20000 if quick else 100000
+    for row in small_rows:
+        if row["kind"] != "floor":
+            row["records_per_s"] = _throughput(row["kind"], records)
+    latent_rows: list[dict[str, Any]] = []
+    for size in LATENT_SIZES:
+        n = max(20, min(500, (64 << 20) // size)) // (4 if quick else 1)
+        rows: list[dict[str, Any]] = []
+        for kind in filter(_available, LATENT_PEERS):
+            stats = percentiles_us(_measure(kind, n, size, warmup=5))
+            rows.append({"size": _size(size), "peer": LABELS[kind], "kind": kind, **stats})
+        slab = next(r for r in rows if r["kind"] == "slab")["p50_us"]
+        for row in rows:
+            row["x_slab"] = row["p50_us"] / slab
+        latent_rows.extend(rows)
+    return {
+        "bench": "transport",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "round_trip_64B": small_rows,
+        "latent_handoff": latent_rows,
+    }
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    args = parser.parse_args(argv)
+    result = run(args.quick)
+    if args.json:
+        print_json(result)
+        return
+    print_table(
+        "Round trip of a 64-byte record to another process and back",
+        result["round_trip_64B"],
+        ["peer", "p50_us", "p99_us", "x_floor", "x_ring", "records_per_s"],
+    )
+    print_table(
+        "Handing a latent to another process (until it holds a usable array)",
+        result["latent_handoff"],
+        ["size", "peer", "p50_us", "p99_us", "x_slab"],
+    )
+
+
+if __name__ == "__main__":
+    main()
