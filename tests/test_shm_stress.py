@@ -119,6 +119,8 @@ def test_no_lost_wakeups_in_a_ping_pong(rings: TwoRings) -> None:
     echo.start()
     ping, pong = rings.rings
     for i in range(count):
+        if i % 50 == 0:
+            time.sleep(0.001)  # longer than any spin: the echo side must go to sleep
         ping.push(i.to_bytes(8, "little"), timeout=30)
         assert int.from_bytes(pong.pop(timeout=30), "little") == i
     _join(echo)
