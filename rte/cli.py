@@ -7,53 +7,36 @@ rte bench       the engine scheduling-overhead benchmark (see tools/)
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-import time
 
-import numpy as np
-
-from rte.composed import ComposedEngine
-from rte.contract import Action
-from rte.models import load_model
+from rte.demo import demo
 
 
-def demo(args: argparse.Namespace) -> int:
-    """Stream ``--sessions`` sessions in process for ``--seconds`` and print their rates."""
-    model = load_model(args.model, max_sessions=args.sessions)
-    engine = ComposedEngine(model)
-    manifest = engine.manifest()
-    print(
-        f"rte demo: model {manifest.model}, {args.sessions} sessions, chunk "
-        f"{manifest.latent_shape} {manifest.latent_dtype}, pipeline depth "
-        f"{manifest.pipeline_depth_chunks}, lanes {engine.lanes.kind}",
-        file=sys.stderr,
+def serve(args: argparse.Namespace) -> int:
+    """Run the engine daemon in the foreground until SIGTERM or Ctrl-C."""
+    from rte.daemon import DaemonRunningError, Settings  # noqa: PLC0415
+    from rte.daemon import serve as run_daemon  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.INFO, format="rte serve: %(levelname)s %(message)s")
+    settings = Settings(
+        name=args.name,
+        model=args.model,
+        max_sessions=args.max_sessions,
+        max_clients=args.max_clients,
+        ring_kib=args.ring_kib,
+        slab_slots=args.slab_slots,
+        quota=args.quota,
+        pace_hz=args.pace_hz,
+        wait_policy=args.wait_policy,
+        idle_limit_s=args.idle_limit_s,
     )
-    names = [f"session-{i}" for i in range(args.sessions)]
-    for i, name in enumerate(names):
-        engine.attach(name, {"prompt": f"world {i}", "move": (0, 0)})
-    latencies: dict[str, list[int]] = {n: [] for n in names}
-    start = time.monotonic()
-    next_report = start + 1.0
-    step = 0
-    while (now := time.monotonic()) - start < args.seconds:
-        actions = {n: Action({"move": (step % 3 - 1, (step // 7) % 3 - 1)}) for n in names}
-        if step == 20:
-            actions[names[0]] = Action({"prompt": "a new world"})  # one heavy change
-        for result in engine.step(names, actions):
-            if result.has_chunk:
-                latencies[result.session].append(result.timing.latency_ns)
-        step += 1
-        if now >= next_report:
-            total = sum(len(v) for v in latencies.values())
-            print(f"  {now - start:4.1f}s  {total / (now - start):8.1f} chunks/s", file=sys.stderr)
-            next_report += 1.0
-    elapsed = time.monotonic() - start
-    engine.close()
-    print(f"{'session':<12}{'chunks':>8}{'chunks/s':>10}{'lat p50 ms':>12}{'lat p99 ms':>12}")
-    for name in names:
-        lat = np.asarray(latencies[name], dtype=np.float64) / 1e6
-        p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
-        print(f"{name:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>12.3f}{p99:>12.3f}")
+    try:
+        run_daemon(settings)
+    except DaemonRunningError as exc:
+        print(f"rte serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"rte serve: {args.name} stopped; its shared memory is unlinked", file=sys.stderr)
     return 0
 
 
@@ -72,10 +55,26 @@ def bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rte", description="realtime inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="stream sessions of a model and print their rates")
+    p = sub.add_parser("serve", help="run the engine daemon in the foreground")
+    p.add_argument("--name", required=True, help="the daemon's name (clients connect by it)")
+    p.add_argument("--model", default="reference", help="short name or module:factory")
+    p.add_argument("--max-sessions", type=int, default=8)
+    p.add_argument("--max-clients", type=int, default=8)
+    p.add_argument("--ring-kib", type=int, default=256, help="each client ring's size")
+    p.add_argument("--slab-slots", type=int, default=64)
+    p.add_argument("--quota", type=int, default=0, help="slots per client (0: an even share)")
+    p.add_argument("--pace-hz", type=float, default=0.0, help="steps per second (0: flat out)")
+    p.add_argument(
+        "--wait-policy", default="spin-then-block", choices=["spin", "spin-then-block", "block"]
+    )
+    p.add_argument("--idle-limit-s", type=float, default=30.0)
+    p.set_defaults(func=serve)
+    p = sub.add_parser("demo", help="launch a daemon, stream sessions from a client, show rates")
+    p.add_argument("--name", help="attach to this running daemon instead of launching one")
     p.add_argument("--model", default="reference", help="short name or module:factory")
     p.add_argument("--sessions", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--png", help="write a contact sheet of decoded frames to this PNG file")
     p.set_defaults(func=demo)
     p = sub.add_parser("bench", help="run the benchmarks and print their tables")
     p.add_argument("--suite", choices=["engine", "transport", "all"], default="all")

@@ -304,6 +304,12 @@ class ComposedEngine:
         del self._by_session[session]
         self._rows[row.index] = None
 
+    def check_action(self, session: str, action: Action) -> None:
+        """Raise now what ``step`` would refuse this action for (unknown session,
+        malformed conditioning), so a host can answer its sender at once."""
+        self._lookup(session)
+        self._model.check_conditioning(action.conditioning)
+
     # -- introspection ----------------------------------------------------
 
     def sessions(self) -> dict[str, int]:

@@ -21,7 +21,9 @@ def conditioning_equal(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
             return False
-        return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))  # same NaNs: no change
     if isinstance(a, Mapping) or isinstance(b, Mapping):
         if not (isinstance(a, Mapping) and isinstance(b, Mapping)) or a.keys() != b.keys():
             return False

@@ -110,6 +110,12 @@ class ReplicaEngine:
         if not child.sessions and not child.broken:
             self._pool.append(child)
 
+    def check_action(self, session: str, action: Action) -> None:
+        """The owning child's check, when it has one (see ComposedEngine.check_action)."""
+        check = getattr(self._owner(session).engine, "check_action", None)
+        if check is not None:
+            check(session, action)
+
     # -- introspection ----------------------------------------------------
 
     def children(self) -> list[Engine]:

@@ -45,7 +45,11 @@ class Act:
 
 @dataclass(frozen=True)
 class Detach:
+    """Detach a session. With ``finalize`` its in-flight chunk is emitted first;
+    without, it is dropped (the host knows it cannot be delivered)."""
+
     session: str
+    finalize: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class NoticeKind(enum.Enum):
     DETACHED = "detached"
     REJECTED = "rejected"  # an attach refused by AdmissionError (backpressure)
     ERROR = "error"  # a message or a step failed for this session
+    DROPPED = "dropped"  # a chunk could not be emitted (its session goes on or went)
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def default_serve(
         pace_hz: target steps per second; None steps as fast as possible.
         idle_wait_s: how long one inbox wait lasts while nothing is attached.
     """
-    loop = _ServeLoop(engine, outbox)
+    loop = ServeLoop(engine, outbox)
     period = 1.0 / pace_hz if pace_hz else 0.0
     next_tick = time.monotonic()
     while True:
@@ -141,7 +146,13 @@ def _drain(inbox: Inbox, *, block: bool, timeout: float) -> list[Any]:
             return messages
 
 
-class _ServeLoop:
+class ServeLoop:
+    """Steps 2 to 4 of the loop, for hosts that bring their own inbox (the daemon).
+
+    ``handle`` applies one message; ``step`` advances the attached sessions
+    (or the ``due`` subset) and puts every chunk and error into the outbox.
+    """
+
     def __init__(self, engine: Engine, outbox: Outbox) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -157,11 +168,14 @@ class _ServeLoop:
                     self._attach(message.session, message.conditioning)
                 case Act():
                     self._require(message.session)
+                    check = getattr(self.engine, "check_action", None)
+                    if check is not None:  # refuse a bad action now, not at its step
+                        check(message.session, message.action)
                     self.actions.setdefault(message.session, {}).update(message.action.conditioning)
                     self.conditioning[message.session].update(message.action.conditioning)
                 case Detach():
                     self._require(message.session)
-                    self._detach(message.session)
+                    self._detach(message.session, finalize=message.finalize)
                 case Reset():
                     self._require(message.session)
                     fresh = message.conditioning
@@ -179,13 +193,16 @@ class _ServeLoop:
             self.outbox.put(Notice(session, NoticeKind.ERROR, f"{type(exc).__name__}: {exc}"))
         return True
 
-    def step(self) -> None:
-        if not self.conditioning:
+    def step(self, due: list[str] | None = None) -> None:
+        """Step ``due`` (default: every attached session) with the actions that arrived."""
+        due = list(self.conditioning) if due is None else due
+        if not due:
             return
-        actions = {s: Action(a) for s, a in self.actions.items()}
-        self.actions = {}
+        actions = {s: Action(a) for s, a in self.actions.items() if s in due}
+        for session in actions:
+            del self.actions[session]
         try:
-            results = self.engine.step(list(self.conditioning), actions)
+            results = self.engine.step(due, actions)
         except Exception as exc:
             self.outbox.put(
                 Notice("", NoticeKind.ERROR, f"step failed: {type(exc).__name__}: {exc}")
@@ -206,11 +223,12 @@ class _ServeLoop:
             self.conditioning[session] = dict(conditioning)
         self.outbox.put(Notice(session, NoticeKind.ATTACHED))
 
-    def _detach(self, session: str) -> None:
+    def _detach(self, session: str, *, finalize: bool = True) -> None:
         try:
-            self._emit(self.engine.finalize([session]))
+            if finalize:
+                self._emit(self.engine.finalize([session]))
         except Exception as exc:  # its in-flight chunk is lost; the detach still goes on
-            self.outbox.put(Notice(session, NoticeKind.ERROR, f"finalize failed: {exc}"))
+            self.outbox.put(Notice(session, NoticeKind.DROPPED, f"in-flight chunk lost: {exc}"))
         self.engine.detach(session)
         del self.conditioning[session]
         self.actions.pop(session, None)

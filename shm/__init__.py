@@ -27,7 +27,7 @@ from shm.errors import (
     StaleSlot,
     WouldBlock,
 )
-from shm.ring import Ring, RingStatistics, WaitPolicy
+from shm.ring import Ring, RingStatistics, WaitPolicy, wait_any
 from shm.segment import Segment, is_alive, shm_name
 from shm.slab import Lease, Slab, SlabStatistics, SlotInfo, SlotState
 
@@ -60,4 +60,5 @@ __all__ = [
     "WouldBlock",
     "is_alive",
     "shm_name",
+    "wait_any",
 ]

@@ -246,6 +246,19 @@ class Ring:
             if now >= deadline:
                 return bool(lib.shm_ring_used(ptr))
 
+    def used(self) -> int:
+        """Bytes pushed and not yet popped (records, padding and wrap skips)."""
+        return int(lib.shm_ring_used(self._ptr))
+
+    def prepare_sleep(self) -> bool:
+        """Announce that the consumer will sleep on the doorbell. True when records
+        arrived meanwhile (then do not sleep); otherwise call :meth:`end_sleep` on
+        waking. For a consumer that sleeps on one doorbell for many rings."""
+        return bool(lib.shm_ring_prepare_sleep(self._ptr))
+
+    def end_sleep(self) -> None:
+        lib.shm_ring_end_sleep(self._ptr)
+
     def _sleep(self, budget_ns: int) -> bool:
         """Announce sleep, re-check, sleep on the doorbell. True when records are there."""
         assert self.doorbell is not None
@@ -290,3 +303,21 @@ class Ring:
             wakeups=v[11],
             consumer_sleeping=bool(v[12]),
         )
+
+
+def wait_any(rings: list[Ring], doorbell: Doorbell, timeout: float) -> bool:
+    """Sleep until any of ``rings`` holds a record, or ``timeout`` s pass.
+
+    Every ring's producer must ring this ``doorbell``. True when woken or when
+    records were already there; False on timeout.
+    """
+    prepared: list[Ring] = []
+    try:
+        for ring in rings:
+            if ring.prepare_sleep():
+                return True
+            prepared.append(ring)
+        return doorbell.wait(timeout)
+    finally:
+        for ring in prepared:
+            ring.end_sleep()

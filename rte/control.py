@@ -1,0 +1,250 @@
+"""The daemon's control segment: what the daemon, its clients and inspectors share.
+
+    page 0          segment header (shm.Segment: magic, version, creator pid/start)
+    page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON)
+    page 2...       client table: one 128-byte entry per client slot
+    then            per client slot, two rings: inbox (client -> daemon), outbox
+
+Every word that two processes write is read and written through the C atomics
+(``shm.native``); the JSON manifest is written once before the state turns
+READY (a release store), so a reader that saw READY reads it whole. Counters
+live here so that a tool can read a live daemon without asking it anything.
+The slab is its own segment (``<name>.slab``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rte.contract import Manifest
+from shm import Ring, Segment, shm_name
+from shm.native import lib
+from shm.segment import HEADER_SIZE, PAGE, page_align
+
+KIND_CONTROL = 0x52544531  # "RTE1"
+KIND_SLAB = 0x52544532  # "RTE2"
+MAX_MANIFEST = 3000
+CLIENT_ENTRY = 128
+
+
+class DaemonState(enum.IntEnum):
+    STARTING = 0
+    READY = 1
+    STOPPING = 2
+
+
+class ClientState(enum.IntEnum):
+    FREE = 0
+    CLAIMED = 1  # a client took the slot; the daemon has not seen it yet
+    ACTIVE = 2  # the daemon serves it
+    CLOSING = 3  # said BYE, or found dead: the daemon is reclaiming it
+
+
+class Counter(enum.IntEnum):
+    """Daemon-wide counters (single writer: the serve thread)."""
+
+    REQUESTS = 0
+    CHUNKS = 1
+    ADMISSION_REJECTIONS = 2
+    ERRORS = 3
+    IDLE_DETACHES = 4
+    DEAD_CLIENTS_REAPED = 5
+    CHUNKS_DROPPED = 6
+    STEPS = 7
+    LAST_ERROR_NS = 8
+    FIRST_ERROR_NS = 9
+
+
+N_COUNTERS = 16
+# daemon block word offsets (bytes from the block start)
+_STATE, _HEARTBEAT, _HEARTBEAT_NS, _PID = 0, 8, 16, 24
+_SETTINGS = 64  # max_clients, ring_capacity, slab_slots, quota
+_COUNTERS = 128
+_MANIFEST = 512
+_CLIENT = struct.Struct("<QQdQQQ")  # state, pid, start, generation, sessions, last_pop_ns
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lies in the control segment, from the settings alone."""
+
+    max_clients: int
+    ring_capacity: int
+
+    @property
+    def block(self) -> int:
+        return HEADER_SIZE
+
+    @property
+    def table(self) -> int:
+        return HEADER_SIZE + PAGE
+
+    @property
+    def rings(self) -> int:
+        return page_align(self.table + CLIENT_ENTRY * self.max_clients)
+
+    def inbox(self, client: int) -> int:
+        return self.rings + 2 * client * Ring.footprint(self.ring_capacity)
+
+    def outbox(self, client: int) -> int:
+        return self.inbox(client) + Ring.footprint(self.ring_capacity)
+
+    @property
+    def size(self) -> int:
+        return self.inbox(self.max_clients)
+
+
+def names(daemon: str) -> dict[str, str]:
+    """The POSIX names of one daemon's objects (client bells: ``client_bell``)."""
+    return {
+        "control": shm_name(daemon, "ctl"),
+        "slab": shm_name(daemon, "slab"),
+        "bell": shm_name(daemon, "bell"),
+    }
+
+
+def client_bell(daemon: str, client: int) -> str:
+    return shm_name(daemon, f"c{client}")
+
+
+def manifest_to_json(manifest: Manifest) -> bytes:
+    return json.dumps(asdict(manifest)).encode()
+
+
+def manifest_from_json(data: bytes) -> Manifest:
+    raw = json.loads(data)
+    raw["latent_shape"] = tuple(raw["latent_shape"])
+    return Manifest(**raw)
+
+
+@dataclass(frozen=True)
+class ClientEntry:
+    index: int
+    state: ClientState
+    pid: int
+    start: float
+    generation: int
+    sessions: int
+    last_pop_ns: int
+
+
+class Control:
+    """Typed access to a control segment (the daemon's, a client's or a tool's view)."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        settings = [int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(4)]
+        self.layout = Layout(max_clients=settings[0], ring_capacity=settings[1])
+        self.slab_slots, self.quota = settings[2], settings[3]
+
+    @classmethod
+    def initialise(
+        cls, segment: Segment, layout: Layout, slab_slots: int, quota: int, manifest: Manifest
+    ) -> Control:
+        """Write the daemon block of a new segment (state STARTING)."""
+        block = segment.bytes_at(layout.block, PAGE)
+        raw = manifest_to_json(manifest)
+        if len(raw) > MAX_MANIFEST:
+            raise ValueError(f"manifest of {len(raw)} bytes does not fit in {MAX_MANIFEST}")
+        struct.pack_into(
+            "<QQQQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity, slab_slots, quota
+        )
+        struct.pack_into("<I", block, _MANIFEST, len(raw))
+        block[_MANIFEST + 4 : _MANIFEST + 4 + len(raw)] = raw
+        return cls(segment)
+
+    def _word(self, offset: int) -> Any:
+        return self.segment.word(HEADER_SIZE + offset)
+
+    # -- daemon block -----------------------------------------------------
+
+    @property
+    def state(self) -> DaemonState:
+        return DaemonState(int(lib.shm_load_acquire(self._word(_STATE))))
+
+    def set_state(self, state: DaemonState) -> None:
+        # release: the manifest and settings are visible before READY; pairs
+        # with the acquire in ``state``
+        lib.shm_store_release(self._word(_STATE), int(state))
+
+    def beat(self) -> None:
+        lib.shm_store_release(self._word(_HEARTBEAT), self.heartbeat + 1)
+        lib.shm_store_release(self._word(_HEARTBEAT_NS), time.time_ns())
+
+    @property
+    def heartbeat(self) -> int:
+        return int(lib.shm_load_acquire(self._word(_HEARTBEAT)))
+
+    @property
+    def heartbeat_age_s(self) -> float:
+        return (time.time_ns() - int(lib.shm_load_acquire(self._word(_HEARTBEAT_NS)))) / 1e9
+
+    def count(self, counter: Counter, n: int = 1) -> None:
+        lib.shm_fetch_add(self._word(_COUNTERS + 8 * counter), n)
+        if counter is Counter.ERRORS:
+            now = time.time_ns()
+            lib.shm_store_release(self._word(_COUNTERS + 8 * Counter.LAST_ERROR_NS), now)
+            lib.shm_cas(self._word(_COUNTERS + 8 * Counter.FIRST_ERROR_NS), 0, now)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            c.name.lower(): int(lib.shm_load_acquire(self._word(_COUNTERS + 8 * c)))
+            for c in Counter
+        }
+
+    def manifest(self) -> Manifest:
+        block = self.segment.bytes_at(self.layout.block, PAGE)
+        (length,) = struct.unpack_from("<I", block, _MANIFEST)
+        if length > MAX_MANIFEST:
+            raise ValueError(f"{self.segment.name}: manifest length {length} is corrupt")
+        return manifest_from_json(bytes(block[_MANIFEST + 4 : _MANIFEST + 4 + length]))
+
+    # -- client table -----------------------------------------------------
+
+    def _entry(self, client: int, field: int) -> Any:
+        return self.segment.word(self.layout.table + CLIENT_ENTRY * client + 8 * field)
+
+    def client(self, index: int) -> ClientEntry:
+        raw = self.segment.bytes_at(self.layout.table + CLIENT_ENTRY * index, _CLIENT.size)
+        _, pid, start, generation, sessions, last_pop = _CLIENT.unpack(raw)
+        state = ClientState(int(lib.shm_load_acquire(self._entry(index, 0))))
+        return ClientEntry(index, state, pid, start, generation, sessions, last_pop)
+
+    def clients(self) -> list[ClientEntry]:
+        return [self.client(i) for i in range(self.layout.max_clients)]
+
+    def claim(self, pid: int, start: float) -> int | None:
+        """Take a free client slot for this process; None when all are taken.
+
+        FREE -> CLAIMED by compare-and-swap (one winner), then pid and start
+        time, then ACTIVE with a release store: the daemon serves only ACTIVE
+        slots, so it never reads a half-written entry. A claimer that dies
+        before ACTIVE leaves a CLAIMED slot, which the daemon frees later.
+        """
+        for index in range(self.layout.max_clients):
+            if lib.shm_cas(self._entry(index, 0), ClientState.FREE, ClientState.CLAIMED):
+                raw = self.segment.bytes_at(self.layout.table + CLIENT_ENTRY * index + 8, 16)
+                struct.pack_into("<Qd", raw, 0, pid, start)
+                lib.shm_fetch_add(self._entry(index, 3), 1)  # generation
+                lib.shm_store_release(self._entry(index, 5), time.monotonic_ns())
+                self.set_client_state(index, ClientState.ACTIVE)  # pairs with acquire in client()
+                return index
+        return None
+
+    def set_client_state(self, index: int, state: ClientState) -> None:
+        lib.shm_store_release(self._entry(index, 0), int(state))
+
+    def set_client_sessions(self, index: int, sessions: int) -> None:
+        lib.shm_store_release(self._entry(index, 4), sessions)
+
+    def note_pop(self, index: int) -> None:
+        """A client records that it consumed its outbox (for the idle limit)."""
+        lib.shm_store_release(self._entry(index, 5), time.monotonic_ns())
+
+    def last_pop_ns(self, index: int) -> int:
+        return int(lib.shm_load_acquire(self._entry(index, 5)))

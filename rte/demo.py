@@ -1,0 +1,141 @@
+"""``rte demo``: the main job, end to end, on the reference model.
+
+Launches a daemon in a child process (or attaches to ``--name``), attaches
+several sessions from a client, streams for a few seconds while steering them,
+shows per-session chunks/s and chunk latency (generated in the daemon to
+received here), optionally writes a PNG contact sheet of decoded frames, and
+shuts everything down, leaving nothing in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rte.client import Client, connect
+from rte.daemon import remove_leftovers
+from shm.segment import SHM_DIR
+
+SHEET_COLUMNS = 8
+
+
+def demo(args: argparse.Namespace) -> int:
+    name = args.name or f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    daemon = None
+    if args.name is None:
+        command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
+        command += ["--max-sessions", str(max(args.sessions, 1))]
+        daemon = subprocess.Popen(command)
+    try:
+        with connect(name, timeout=60) as client:
+            sheet = _stream(client, args.sessions, args.seconds, want_frames=bool(args.png))
+        if args.png and sheet is not None:
+            write_png(Path(args.png), sheet)
+            print(f"contact sheet: {args.png} ({sheet.shape[1]}x{sheet.shape[0]})")
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(10)
+                remove_leftovers(name)
+            left = [p.name for p in SHM_DIR.glob(f"*rte.{os.getuid()}.{name}.*")]
+            print(f"daemon stopped; left in /dev/shm: {left or 'nothing'}")
+    return 0
+
+
+def _stream(
+    client: Client, n: int, seconds: float, want_frames: bool
+) -> np.ndarray[Any, Any] | None:
+    sessions = [f"session-{i}" for i in range(n)]
+    for i, session in enumerate(sessions):
+        client.attach(session, {"prompt": f"world {i}", "move": (0, 0)})
+    manifest = client.manifest
+    print(
+        f"rte demo: daemon {client.name!r}, model {manifest.model}, {n} sessions, chunk "
+        f"{manifest.latent_shape} {manifest.latent_dtype}, pipeline depth "
+        f"{manifest.pipeline_depth_chunks}"
+    )
+    latency: dict[str, list[int]] = {s: [] for s in sessions}
+    frames: dict[str, list[np.ndarray[Any, Any]]] = {s: [] for s in sessions}
+    start = time.monotonic()
+    next_report = start + 0.5
+    steer = 0
+    while (now := time.monotonic()) - start < seconds:
+        for chunk in client.results(timeout=0.05):
+            with chunk:
+                latency[chunk.session].append(time.monotonic_ns() - chunk.timing.generated_ns)
+                if want_frames and chunk.chunk % 16 == 0 and len(frames[chunk.session]) < 64:
+                    frames[chunk.session].append(chunk.latent.copy())
+            if time.monotonic() >= next_report:
+                break
+        if now >= next_report:
+            steer += 1
+            for i, session in enumerate(sessions):
+                client.act(session, {"move": ((steer + i) % 3 - 1, (steer // 2 + i) % 3 - 1)})
+            if steer == 3:
+                client.act(sessions[0], {"prompt": "a new world"})  # a heavy change: ENCODE
+            total = sum(len(v) for v in latency.values())
+            print(
+                f"  {now - start:4.1f}s  {total / (now - start):9.1f} chunks/s in all", flush=True
+            )
+            next_report += 0.5
+    elapsed = time.monotonic() - start
+    for session in sessions:
+        client.detach(session)
+    print(f"{'session':<12}{'chunks':>8}{'chunks/s':>10}{'latency p50 ms':>16}{'p99 ms':>9}")
+    for session in sessions:
+        lat = np.asarray(latency[session], dtype=np.float64) / 1e6
+        p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
+        print(f"{session:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>16.3f}{p99:>9.3f}")
+    if not want_frames:
+        return None
+    return contact_sheet([frames[s] for s in sessions])
+
+
+def contact_sheet(rows: list[list[np.ndarray[Any, Any]]]) -> np.ndarray[Any, Any] | None:
+    """One row per session, up to 8 frames spread over its stream, 2 px gutters."""
+    picked = []
+    for frames in rows:
+        if frames:
+            idx = np.linspace(0, len(frames) - 1, min(SHEET_COLUMNS, len(frames))).astype(int)
+            picked.append([frames[i] for i in idx])
+    if not picked:
+        return None
+    h, w, c = picked[0][0].shape
+    sheet = np.zeros((len(picked) * (h + 2), SHEET_COLUMNS * (w + 2), c), np.uint8)
+    for r, frames in enumerate(picked):
+        for k, frame in enumerate(frames):
+            sheet[r * (h + 2) : r * (h + 2) + h, k * (w + 2) : k * (w + 2) + w] = frame
+    return sheet
+
+
+def write_png(path: Path, image: np.ndarray[Any, Any]) -> None:
+    """An 8-bit RGB PNG, written with zlib alone."""
+    height, width, _ = image.shape
+    raw = b"".join(b"\x00" + image[y].tobytes() for y in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        body = tag + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
