@@ -53,6 +53,7 @@ from shm import (
 )
 from shm.segment import HEADER_SIZE
 
+LIVENESS_EVERY_S = 0.1
 _FINAL = {  # the notices that answer each waiting call
     RecordType.ATTACH: frozenset({NoticeCode.ATTACHED, NoticeCode.REJECTED, NoticeCode.ERROR}),
     RecordType.RESET: frozenset({NoticeCode.ATTACHED, NoticeCode.REJECTED, NoticeCode.ERROR}),
@@ -157,6 +158,7 @@ class Client:
         self._segment = segment
         self._control = Control(segment)
         self._daemon = (segment.creator_pid, segment.creator_start)
+        self._checked = 0.0
         while self._control.state is not DaemonState.READY:
             self._check()
             if time.monotonic() >= deadline:
@@ -365,7 +367,12 @@ class Client:
         return is_alive(*self._daemon) and self._control.state is not DaemonState.STOPPING
 
     def _check(self) -> None:
-        if not is_alive(*self._daemon):
-            raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) died")
+        """EngineGone if the daemon stopped or died. The state word is read every
+        time; the process table (slower) at most every 100 ms."""
         if self._control.state is DaemonState.STOPPING:
             raise EngineGone(f"daemon {self.name!r} is stopping")
+        now = time.monotonic()
+        if now - self._checked >= LIVENESS_EVERY_S:
+            if not is_alive(*self._daemon):
+                raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) died")
+            self._checked = now

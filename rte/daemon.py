@@ -86,6 +86,8 @@ from shm.segment import HEADER_SIZE, SHM_DIR
 
 log = logging.getLogger("rte.daemon")
 SCAN_EVERY_S = 0.1
+SPIN_NS = 50_000  # spin-then-block: how long an idle daemon polls before it sleeps
+SPIN_SLICE_NS = 1_000_000  # spin: how long it polls between yields
 CLAIM_GRACE_S = 5.0
 BACKLOG_LIMIT = 4096
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -251,6 +253,7 @@ class Daemon:
         self._request: tuple[_Client, int] | None = None
         self._detach_reason: dict[str, str] = {}
         self.failure: BaseException | None = None
+        self.policy = WaitPolicy(settings.wait_policy)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -391,7 +394,22 @@ class Daemon:
                 else:
                     next_tick = time.monotonic()
             elif not due:
-                wait_any([c.inbox for c in self.clients.values()], self.bell, 0.05)
+                self._idle_wait()
+
+    def _idle_wait(self) -> None:
+        """Nothing to step: wait for a request by the wait policy (bounded: the
+        loop must come round to beat, scan clients and notice a stop)."""
+        inboxes = [c.inbox for c in self.clients.values()]
+        if self.policy is not WaitPolicy.BLOCK:
+            spin_ns = SPIN_SLICE_NS if self.policy is WaitPolicy.SPIN else SPIN_NS
+            end = time.monotonic_ns() + spin_ns
+            while time.monotonic_ns() < end:
+                if any(ring.used() for ring in inboxes):
+                    return
+            if self.policy is WaitPolicy.SPIN:
+                os.sched_yield()
+                return
+        wait_any(inboxes, self.bell, 0.05)
 
     # 1. clients come and go
 
@@ -514,7 +532,7 @@ class Daemon:
         for client in self.clients.values():
             if not client.sessions:
                 continue
-            room = self.slab.quota - self.slab.held(client.index) - len(client.backlog)
+            room = self.slab.quota - self.slab.held(client.index)
             if room <= 0:
                 continue
             n = len(client.sessions)
