@@ -1,7 +1,9 @@
 """The ``rte`` command.
 
-rte demo        stream a few sessions of the reference model and show rates
-rte bench       the engine scheduling-overhead benchmark (see tools/)
+rte serve       run the engine daemon (the product)
+rte demo        launch a daemon, stream sessions from a client, show rates
+rte inspect     read live daemons' rings, slab and counters (tools/inspector.py)
+rte bench       the benchmarks in tools/ (engine, end to end, transport)
 """
 
 from __future__ import annotations
@@ -40,13 +42,25 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def inspect(args: argparse.Namespace) -> int:
+    """The debug tool (tools/inspector.py); its own options follow."""
+    from tools import inspector  # noqa: PLC0415 (only this command needs it)
+
+    return inspector.main(args.rest)
+
+
 def bench(args: argparse.Namespace) -> int:
     """Run the benchmark suites in ``tools/`` (each prints its own table or JSON)."""
-    from tools import bench_engine, bench_transport  # noqa: PLC0415 (only this command)
+    from tools import bench_e2e, bench_engine, bench_transport  # noqa: PLC0415 (this only)
 
     flags = ["--json"] if args.json else []
     if args.suite in ("engine", "all"):
         bench_engine.main(flags + (["--steps", "300"] if args.quick else []))
+    if args.suite in ("e2e", "all"):
+        extra = (["--rounds", "60"] if args.quick else []) + (
+            ["--plot", args.plot] if args.plot else []
+        )
+        bench_e2e.main(flags + extra)
     if args.suite in ("transport", "all"):
         bench_transport.main(flags + (["--quick"] if args.quick else []))
     return 0
@@ -76,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--png", help="write a contact sheet of decoded frames to this PNG file")
     p.set_defaults(func=demo)
+    p = sub.add_parser("inspect", help="read a daemon's rings, slab and counters", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=inspect)
     p = sub.add_parser("bench", help="run the benchmarks and print their tables")
-    p.add_argument("--suite", choices=["engine", "transport", "all"], default="all")
+    p.add_argument("--suite", choices=["engine", "e2e", "transport", "all"], default="all")
+    p.add_argument("--plot", metavar="FILE.png", help="plot the end-to-end latencies")
     p.add_argument("--json", action="store_true", help="JSON instead of tables")
     p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     p.set_defaults(func=bench)

@@ -338,7 +338,7 @@ class Client:
     def _chunk(self, record: Record) -> Chunk:
         ref = record.chunk
         assert ref is not None
-        latent = self._slab.view(ref.slot, ref.generation, ref.dtype, ref.shape)
+        latent = self._slab.view(ref.slot, ref.generation, self._dtype, ref.shape)
         chunk = Chunk(
             self,
             record.session,
@@ -361,7 +361,7 @@ class Client:
         self._held.discard(chunk)
         if not self._closed:
             self._slab.release(chunk.slot, chunk.generation, self.index)
-            self._control.note_pop(self.index)
+            self._inbox.wake()  # a daemon asleep for want of our free slots steps on
 
     def _daemon_alive(self) -> bool:
         return is_alive(*self._daemon) and self._control.state is not DaemonState.STOPPING

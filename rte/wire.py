@@ -92,16 +92,31 @@ def encode(type: RecordType, session: str, seq: int = 0, code: int = 0, body: by
 
 
 def encode_chunk(session: str, ref: ChunkRef) -> bytes:
-    dtype = ref.dtype.encode()
-    body = (
-        CHUNK.pack(
-            ref.chunk, ref.slot, ref.generation, ref.generated_ns, ref.emitted_ns, len(ref.shape)
-        )
-        + struct.pack(f"<{len(ref.shape)}Q", *ref.shape)
-        + bytes([len(dtype)])
-        + dtype
+    return ChunkEncoder(ref.dtype, ref.shape)(
+        session, ref.chunk, ref.slot, ref.generation, ref.generated_ns, ref.emitted_ns
     )
-    return encode(RecordType.CHUNK, session, body=body)
+
+
+class ChunkEncoder:
+    """CHUNK records for one dtype and shape, with the fixed tail packed once."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
+        raw = dtype.encode()
+        self.ndim = len(shape)
+        self.tail = struct.pack(f"<{len(shape)}Q", *shape) + bytes([len(raw)]) + raw
+
+    def __call__(
+        self, session: str, chunk: int, slot: int, generation: int, generated: int, emitted: int
+    ) -> bytes:
+        name = session.encode()
+        return b"".join(
+            (
+                HEADER.pack(RecordType.CHUNK, 0, len(name), 0),
+                name,
+                CHUNK.pack(chunk, slot, generation, generated, emitted, self.ndim),
+                self.tail,
+            )
+        )
 
 
 def decode(record: bytes) -> Record:

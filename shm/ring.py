@@ -259,6 +259,15 @@ class Ring:
     def end_sleep(self) -> None:
         lib.shm_ring_end_sleep(self._ptr)
 
+    def wake(self) -> bool:
+        """Ring the doorbell if the consumer sleeps: for producers of something
+        other than records (freed slab slots, say) that the consumer re-checks
+        after announcing its sleep. True when it rang."""
+        if lib.shm_ring_wake(self._ptr) and self.doorbell is not None:
+            self.doorbell.ring()
+            return True
+        return False
+
     def _sleep(self, budget_ns: int) -> bool:
         """Announce sleep, re-check, sleep on the doorbell. True when records are there."""
         assert self.doorbell is not None
@@ -305,11 +314,18 @@ class Ring:
         )
 
 
-def wait_any(rings: list[Ring], doorbell: Doorbell, timeout: float) -> bool:
+def wait_any(
+    rings: list[Ring],
+    doorbell: Doorbell,
+    timeout: float,
+    ready: Callable[[], bool] | None = None,
+) -> bool:
     """Sleep until any of ``rings`` holds a record, or ``timeout`` s pass.
 
-    Every ring's producer must ring this ``doorbell``. True when woken or when
-    records were already there; False on timeout.
+    Every ring's producer must ring this ``doorbell``. ``ready`` is any other
+    condition to wake for; it is checked after the sleep is announced, and its
+    producers must call :meth:`Ring.wake` after making it true. True when woken
+    or already ready; False on timeout.
     """
     prepared: list[Ring] = []
     try:
@@ -317,6 +333,8 @@ def wait_any(rings: list[Ring], doorbell: Doorbell, timeout: float) -> bool:
             if ring.prepare_sleep():
                 return True
             prepared.append(ring)
+        if ready is not None and ready():
+            return True
         return doorbell.wait(timeout)
     finally:
         for ring in prepared:

@@ -87,11 +87,14 @@ def is_alive(pid: int, start_time: float) -> bool:
 class Segment:
     """One mapped segment. Build with :meth:`create` or :meth:`open`."""
 
-    def __init__(self, name: str, mapping: mmap.mmap, *, owner: bool) -> None:
+    def __init__(
+        self, name: str, mapping: mmap.mmap, *, owner: bool, readonly: bool = False
+    ) -> None:
         self.name = name
         self.owner = owner
+        self.readonly = readonly
         self._mmap: mmap.mmap | None = mapping
-        self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=True)
+        self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=not readonly)
         _, _, kind, size, pid, start, created = _HEADER.unpack_from(mapping, 0)
         self.kind = kind
         self.size = size
@@ -128,10 +131,14 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, name: str, *, kind: int | None = None) -> Segment:
-        """Map the existing segment ``name``; refuse foreign or other-version ones."""
+    def open(cls, name: str, *, kind: int | None = None, readonly: bool = False) -> Segment:
+        """Map the existing segment ``name``; refuse foreign or other-version ones.
+
+        ``readonly`` maps it without write permission (an inspector's view): any
+        write through it is refused by the kernel, so looking cannot disturb.
+        """
         try:
-            shm = posix_ipc.SharedMemory(name)
+            shm = posix_ipc.SharedMemory(name, read_only=readonly)
         except posix_ipc.ExistentialError:
             raise SegmentNotFoundError(f"no shared-memory segment {name}") from None
         try:
@@ -140,17 +147,20 @@ class Segment:
                 raise ForeignSegmentError(
                     f"{name} is not an rte segment ({actual} bytes, smaller than a header)"
                 )
-            mapping = mmap.mmap(shm.fd, actual)
+            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+            mapping = mmap.mmap(shm.fd, actual, access=access)
         finally:
             shm.close_fd()
         try:
-            return cls._checked(name, mapping, actual, kind)
+            return cls._checked(name, mapping, actual, kind, readonly)
         except BaseException:
             mapping.close()
             raise
 
     @classmethod
-    def _checked(cls, name: str, mapping: mmap.mmap, actual: int, kind: int | None) -> Segment:
+    def _checked(
+        cls, name: str, mapping: mmap.mmap, actual: int, kind: int | None, readonly: bool
+    ) -> Segment:
         base = ffi.from_buffer("char[]", mapping)
         try:
             magic = lib.shm_load_acquire(ffi.cast("uint64_t *", base))  # pairs with create
@@ -170,7 +180,7 @@ class Segment:
             raise ForeignSegmentError(f"{name} header says {size} bytes but the file has {actual}")
         if kind is not None and seg_kind != kind:
             raise ForeignSegmentError(f"{name} is a segment of kind {seg_kind}, expected {kind}")
-        return cls(name, mapping, owner=False)
+        return cls(name, mapping, owner=False, readonly=readonly)
 
     def creator_alive(self) -> bool:
         return is_alive(self.creator_pid, self.creator_start)

@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,7 @@ class SlotState(enum.IntEnum):
     READY = 2
 
 
-@dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     """A slot taken by the writer for ``owner``; name it to publish or abort."""
 
     slot: int
@@ -96,6 +95,8 @@ class Slab:
         if self.data_offset + self.slots * self.slot_size > segment.size:
             raise SegmentError(f"{segment.name}: slab at {offset} runs past the segment")
         self._pinned = False
+        self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
+        self._views: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
 
     @staticmethod
     def footprint(offset: int, slots: int, slot_bytes: int, max_owners: int) -> int:
@@ -132,7 +133,7 @@ class Slab:
 
     def acquire(self, owner: int) -> Lease:
         """Take a free slot for ``owner``; SlabFull or QuotaExceeded when none may be had."""
-        generation = ffi.new("uint64_t *")
+        generation = self._generation
         slot = int(lib.shm_slab_acquire(self._meta, owner, time.monotonic_ns(), generation))
         if slot >= 0:
             return Lease(slot, int(generation[0]), owner)
@@ -144,6 +145,13 @@ class Slab:
         if slot == -1:
             raise SlabFull(f"all {self.slots} slots of {self.segment.name} are in use")
         raise ValueError(f"owner {owner} is out of range (max {self.max_owners - 1})")
+
+    def acquire_array(
+        self, owner: int, dtype: Any, shape: tuple[int, ...]
+    ) -> tuple[Lease, np.ndarray[Any, Any]]:
+        """:meth:`acquire` and the slot as a writable array, in one call (the hot path)."""
+        lease = self.acquire(owner)
+        return lease, self._array(lease.slot, dtype, shape, readonly=False)
 
     def writable(self, lease: Lease, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         """The leased slot as a writable array: write the data here, once."""
@@ -259,14 +267,18 @@ class Slab:
     def _array(
         self, slot: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
     ) -> np.ndarray[Any, Any]:
-        dt = np.dtype(dtype)
-        count = math.prod(shape)
-        if dt.itemsize * count > self.slot_size:
-            raise ValueError(
-                f"{dt.itemsize * count:,} bytes of {dt} {shape} exceed a slot ({self.slot_size:,})"
-            )
+        known = self._views.get((dtype, shape))
+        if known is None:
+            dt = np.dtype(dtype)
+            count = math.prod(shape)
+            if dt.itemsize * count > self.slot_size:
+                nbytes = dt.itemsize * count
+                raise ValueError(
+                    f"{nbytes:,} bytes of {dt} {shape} exceed a slot ({self.slot_size:,})"
+                )
+            known = self._views[(dtype, shape)] = (dt, count)
         offset = self.data_offset + slot * self.slot_size
-        return self.segment.view(offset, dt, count, shape, readonly=readonly)
+        return self.segment.view(offset, known[0], known[1], shape, readonly=readonly)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:

@@ -18,6 +18,8 @@ import platform
 import time
 from typing import Any
 
+import numpy as np
+
 from rte import Batch, ComposedEngine
 from rte.models import NullModel
 from tools.report import percentiles_us, print_json, print_table
@@ -42,6 +44,7 @@ def _engine_step_ns(sessions: int, steps: int) -> list[int]:
 def _floor_step_ns(sessions: int, steps: int) -> list[int]:
     rows = list(range(sessions))
     batch = Batch(rows, [f"s{i}" for i in rows], [0] * sessions, [{} for _ in rows])
+    batch.out = [np.empty(16, np.uint8) for _ in rows]
     samples = []
     for _ in range(steps):
         t0 = time.perf_counter_ns()

@@ -1,12 +1,18 @@
 """The null model: zero-cost stages, for measuring the engine's own overhead.
 
-Every stage is a no-op that touches only the batch, so a step's time is the
-scheduler's: arming, partitioning, batching, lane dispatch and results.
+Every stage only moves a number through the batch, so a step's time is the
+scheduler's: arming, partitioning, batching, lane dispatch and results. The
+number is the session's ``tag`` conditioning (an int, default -1), written as
+an int64 into the first 8 bytes of each chunk: a benchmark sends a new tag and
+times how long until a chunk carries it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from rte.composed import Batch, Stage, StageModel
 from rte.contract import Manifest
@@ -42,10 +48,21 @@ class NullModel(StageModel):
     def detach(self, row: int) -> None:
         return None
 
+    def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
+        tag = conditioning.get("tag", -1)
+        if not isinstance(tag, int | np.integer) or not -(1 << 63) <= int(tag) < (1 << 63):
+            raise ValueError(f"tag must be a 64-bit int, got {tag!r}")
+
     @staticmethod
     def generate(batch: Batch) -> None:
-        batch.carry["latent"] = batch.rows
+        batch.carry["tags"] = [c.get("tag", -1) for c in batch.conditioning]
 
     @staticmethod
     def decode(batch: Batch) -> None:
-        return None
+        for out, tag in zip(batch.out, batch.carry["tags"], strict=True):
+            out[:8].view(np.int64)[0] = tag
+
+
+def tag_of(latent: np.ndarray[Any, Any]) -> int:
+    """The tag a null-model chunk carries."""
+    return int(latent[:8].view(np.int64)[0])

@@ -172,9 +172,17 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
     bump(&r->bytes_pushed, len);
     if (new_head - tail > __atomic_load_n(&r->high_water, __ATOMIC_RELAXED))
         __atomic_store_n(&r->high_water, new_head - tail, __ATOMIC_RELAXED);
-    /* Dekker with prepare_sleep: our head store, then a full fence, then the
-       load of the flag; the consumer stores the flag, fences, then loads head.
-       At least one of us sees the other, so a wake-up is never lost. */
+    return shm_ring_wake(ring);
+}
+
+/* Whether to ring the consumer's doorbell after publishing something it waits
+   for (a record, or anything else it re-checks after prepare_sleep). Dekker
+   with prepare_sleep: our publishing store, then a full fence, then the load of
+   the flag; the consumer stores the flag, fences, then re-checks. At least one
+   of us sees the other, so a wake-up is never lost. Clearing the flag makes one
+   sleep get one post. */
+int shm_ring_wake(void *ring) {
+    ring_t *r = (ring_t *)ring;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&r->sleeping, __ATOMIC_RELAXED) &&
         __atomic_exchange_n(&r->sleeping, 0, __ATOMIC_ACQ_REL)) {

@@ -27,6 +27,7 @@ uint64_t shm_ring_used(void *ring);
 int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin_ns);
 uint64_t shm_ring_wait_used(void *ring, uint64_t spin_ns);
 int shm_ring_prepare_sleep(void *ring);
+int shm_ring_wake(void *ring);
 void shm_ring_end_sleep(void *ring);
 void shm_ring_reset(void *ring);
 void shm_ring_stats(void *ring, uint64_t *out);

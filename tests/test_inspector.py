@@ -1,0 +1,117 @@
+"""rte inspect reads live, hung and dead daemons without disturbing them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import daemon_workers
+import pytest
+from daemon_harness import DaemonProcess, wait_for
+
+from rte.control import names
+from rte.daemon import remove_leftovers
+from shm import Segment
+from tools import inspector
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def run(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert inspector.main(list(argv)) == 0
+    return out.getvalue()
+
+
+def shm_bytes(name: str) -> dict[str, bytes]:
+    stem = f"rte.{os.getuid()}.{name}."
+    return {p.name: p.read_bytes() for p in Path("/dev/shm").glob(stem + "*")}
+
+
+@pytest.fixture
+def loaded(
+    shm_prefix: str,
+) -> Iterator[tuple[DaemonProcess, multiprocessing.process.BaseProcess, int]]:
+    d = DaemonProcess(shm_prefix, "--slab-slots", "16", "--max-clients", "2")
+    parent, child = SPAWN.Pipe()
+    streamer = SPAWN.Process(
+        target=daemon_workers.stream_forever, args=(shm_prefix, ["a", "b"], child)
+    )
+    streamer.start()
+    assert parent.poll(30)
+    index = parent.recv()
+    yield d, streamer, index
+    for pid in (d.pid, streamer.pid):
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    streamer.kill()
+    streamer.join(10)
+    assert d.stop() == 0, d.stderr
+    remove_leftovers(shm_prefix)
+
+
+def test_inspect_changes_nothing_even_on_a_frozen_daemon(
+    loaded: tuple[DaemonProcess, multiprocessing.process.BaseProcess, int],
+) -> None:
+    daemon, streamer, index = loaded
+    assert streamer.pid is not None
+    wait_for(lambda: json.loads(run(daemon.name, "--json"))["counters"]["chunks"] > 50)
+    os.kill(streamer.pid, signal.SIGSTOP)  # the client stops consuming: records pile up
+    time.sleep(0.3)
+    os.kill(daemon.pid, signal.SIGSTOP)  # and the daemon hangs
+    time.sleep(0.1)
+    before = shm_bytes(daemon.name)
+    listing = run()
+    detail = json.loads(run(daemon.name, "--json"))
+    text = run(daemon.name)
+    rings = run(daemon.name, "--ring", str(index))
+    assert shm_bytes(daemon.name) == before  # not one byte moved
+    assert daemon.name in listing and "alive" in listing
+    (client,) = detail["clients"]
+    assert client["index"] == index and client["sessions"] == 2 and client["alive"]
+    assert client["rings"]["outbox"]["waiting"] > 0
+    assert detail["slab"]["held_by_client"][str(index)] > 0
+    assert detail["summary"]["heartbeat_age_s"] >= 0.05
+    assert "outbox" in text and "slab" in text and "counters" in text
+    assert "CHUNK 'a'" in rings or "CHUNK 'b'" in rings
+
+
+def test_the_mapping_is_read_only_by_construction(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    try:
+        d.client().close()
+        segment = Segment.open(names(shm_prefix)["control"], readonly=True)
+        with pytest.raises(TypeError):
+            segment.bytes_at(4096, 8)[0] = 1
+        segment.close()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_dead_daemon_is_listed_as_stale_with_the_command_that_removes_it(
+    shm_prefix: str,
+) -> None:
+    d = DaemonProcess(shm_prefix)
+    try:
+        client = d.client()
+        client.attach("x")
+        d.kill()
+        listing = run()
+        line = next(line for line in listing.splitlines() if line.startswith(shm_prefix))
+        assert "DEAD" in line
+        assert f"rm -f /dev/shm/rte.{os.getuid()}.{shm_prefix}." in listing
+        detail = json.loads(run(shm_prefix, "--json"))
+        assert detail["summary"]["alive"] is False
+        client.close()
+    finally:
+        remove_leftovers(shm_prefix)
+    assert shm_prefix not in run()
