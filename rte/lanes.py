@@ -162,7 +162,7 @@ class CudaLanes(Lanes):
     def _stream(self, lane: Lane) -> Any:
         stream = self._streams.get(lane)
         if stream is None:
-            stream = self._torch.cuda.Stream()
+            stream = self._torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
             self._streams[lane] = stream
         return stream
 
@@ -171,7 +171,7 @@ class CudaLanes(Lanes):
             fn(arg)
 
     def mark(self, lane: Lane) -> object:
-        event = self._torch.cuda.Event()
+        event = self._torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]
         event.record(self._stream(lane))
         return event
 

@@ -17,6 +17,7 @@ from rte.models.reference import ReferenceModel
 SHORT_NAMES: dict[str, str] = {
     "reference": "rte.models.reference:ReferenceModel",
     "null": "rte.models.null:NullModel",
+    "torch": "rte.models.world:TorchWorldModel",  # needs the torch extra
 }
 
 
@@ -27,7 +28,15 @@ def load_model(spec: str, **settings: Any) -> StageModel:
     if not sep or not module_name or not attr:
         known = ", ".join(sorted(SHORT_NAMES))
         raise ValueError(f"model {spec!r} is neither a short name ({known}) nor module:factory")
-    factory: Callable[..., StageModel] = getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            raise ImportError(
+                f"model {spec!r} needs torch; install the extra: pip install -e '.[torch]'"
+            ) from None
+        raise
+    factory: Callable[..., StageModel] = getattr(module, attr)
     model = factory(**settings)
     if not isinstance(model, StageModel):
         raise TypeError(f"{target} returned {type(model).__name__}, not a StageModel")
