@@ -223,7 +223,13 @@ class Client:
     def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, waiting up to ``timeout`` s; None if none came."""
         if not self._chunks:
+            deadline = time.monotonic() + timeout
             self._pump(timeout)
+            while not self._chunks:  # only notices came: keep waiting for a chunk
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._pump(left)
         return self._take()
 
     def results(self, timeout: float = 1.0) -> Iterator[Chunk]:
