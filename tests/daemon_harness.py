@@ -6,26 +6,26 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rte.client import Client, connect
-from rte.daemon import remove_leftovers
 
 
 class DaemonProcess:
     def __init__(self, name: str, *args: str) -> None:
         self.name = name
         command = [sys.executable, "-m", "rte", "serve", "--name", name, *args]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        # stderr to a file, not a pipe: a chatty daemon must never block on a full pipe
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as we do)
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log)
         self.stderr = ""
 
     def client(self, timeout: float = 30.0) -> Client:
         if self.process.poll() is not None:
-            _, err = self.process.communicate(timeout=5)
-            raise AssertionError(f"daemon exited with {self.process.returncode}: {err}")
+            raise AssertionError(f"daemon exited with {self.process.returncode}: {self._read()}")
         return connect(self.name, timeout=timeout)
 
     @property
@@ -37,28 +37,36 @@ class DaemonProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            _, self.stderr = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            _, self.stderr = self.process.communicate(timeout=10)
+            self.process.wait(timeout=10)
+        self.stderr = self._read()
+        self._log.close()
         return self.process.returncode
 
     def kill(self) -> None:
         self.process.kill()
-        self.process.communicate(timeout=10)
+        self.process.wait(timeout=10)
+        self.stderr = self._read()
+        self._log.close()
+
+    def _read(self) -> str:
+        if self._log.closed:
+            return self.stderr
+        self._log.seek(0)
+        return self._log.read()
 
 
 def leftovers(name: str) -> list[str]:
     return [p.name for p in Path("/dev/shm").glob(f"*rte.{os.getuid()}.{name}.*")]
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def cleanup(name: str) -> None:
-    remove_leftovers(name)
