@@ -138,6 +138,7 @@ class Control:
 
     def __init__(self, segment: Segment) -> None:
         self.segment = segment
+        self._words: dict[int, Any] = {}
         settings = [int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(4)]
         self.layout = Layout(max_clients=settings[0], ring_capacity=settings[1])
         self.slab_slots, self.quota = settings[2], settings[3]
@@ -159,7 +160,10 @@ class Control:
         return cls(segment)
 
     def _word(self, offset: int) -> Any:
-        return self.segment.word(HEADER_SIZE + offset)
+        word = self._words.get(offset)
+        if word is None:  # pointers are made once: beats and counts are per turn
+            word = self._words[offset] = self.segment.word(HEADER_SIZE + offset)
+        return word
 
     # -- daemon block -----------------------------------------------------
 
