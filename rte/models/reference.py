@@ -20,23 +20,19 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rte.composed import Batch, Stage, StageModel
-from rte.contract import Manifest
-from rte.lanes import Lane
-
-_MAX_MOVE = 1 << 20
+from rte.composed import Batch
+from rte.models.prompt_move import PromptMoveModel
 
 
 def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-class ReferenceModel(StageModel):
+class ReferenceModel(PromptMoveModel):
     """Args:
     max_sessions: rows in the arena.
     pipelined: decode chunk N-1 while generating chunk N (depth 2), or not (depth 1).
@@ -62,47 +58,13 @@ class ReferenceModel(StageModel):
         self.encode_cost_s = encode_cost_s
         self._latent_shape = (channels, *latent_hw)
         self._scale = scale
+        self.frame_shape = (latent_hw[0] * scale, latent_hw[1] * scale, 3)
         self._state = np.zeros((max_sessions, *self._latent_shape), np.float32)
         self._prompt = np.zeros((max_sessions, channels, 1, 1), np.float32)
         self._noise_seed = [0] * max_sessions
         palette = np.random.default_rng(7).uniform(-1.0, 1.0, (channels, 3))
         self._palette = palette.astype(np.float32) / np.float32(channels)
         self.encodes: list[tuple[str, str]] = []  # (session, prompt) of every ENCODE
-
-    def manifest(self) -> Manifest:
-        h, w = self._latent_shape[1:]
-        return Manifest(
-            max_sessions=self.max_sessions,
-            pipeline_depth_chunks=2 if self.pipelined else 1,
-            input_latency_chunks=1,
-            latent_dtype="uint8",
-            latent_shape=(h * self._scale, w * self._scale, 3),
-            model=self.name,
-        )
-
-    def stages(self) -> Sequence[Stage]:
-        return (
-            Stage("denoise", Lane.HOT, self._denoise),
-            Stage("finalize", Lane.HOT, self._finalize),
-            Stage("decode", Lane.DEFERRED, self._decode),
-            Stage("encode_prompt", Lane.ENCODE, self._encode_prompt),
-        )
-
-    def heavy_keys(self) -> frozenset[str]:
-        return frozenset({"prompt"})
-
-    def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
-        if "prompt" in conditioning and not isinstance(conditioning["prompt"], str):
-            raise ValueError(f"prompt must be a str, got {type(conditioning['prompt']).__name__}")
-        if "move" in conditioning:
-            move = conditioning["move"]
-            ok = (
-                isinstance(move, list | tuple | np.ndarray)
-                and len(move) == 2
-                and all(isinstance(v, int | np.integer) and abs(int(v)) < _MAX_MOVE for v in move)
-            )
-            if not ok:
-                raise ValueError(f"move must be two ints (dy, dx), got {move!r}")
 
     def seed(self, batch: Batch) -> None:
         for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):

@@ -23,17 +23,13 @@ session never sees another's data.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rte.composed import Batch, Stage, StageModel
-from rte.contract import Manifest
-from rte.lanes import Lane
+from rte.composed import Batch
+from rte.models.prompt_move import PromptMoveModel
 
 GRID = 4
 TOKENS = GRID * GRID
@@ -95,7 +91,7 @@ class _Decoder(nn.Module):
         return rgb.round().to(torch.uint8).permute(0, 2, 3, 1)  # (B, 32, 32, 3)
 
 
-class TorchWorldModel(StageModel):
+class TorchWorldModel(PromptMoveModel):
     """Args:
     max_sessions: rows in the arena (and in every per-row state tensor).
     pipelined: decode chunk N-1 while making chunk N.
@@ -118,6 +114,7 @@ class TorchWorldModel(StageModel):
         self.max_sessions = max_sessions
         self.pipelined = pipelined
         self.steps = steps
+        self.frame_shape = (GRID * 8, GRID * 8, 3)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(20261129)
@@ -152,41 +149,6 @@ class TorchWorldModel(StageModel):
         self.encodes: list[tuple[str, str]] = []
 
     # -- the StageModel contract -------------------------------------------
-
-    def manifest(self) -> Manifest:
-        side = GRID * 8
-        return Manifest(
-            max_sessions=self.max_sessions,
-            pipeline_depth_chunks=2 if self.pipelined else 1,
-            input_latency_chunks=1,
-            latent_dtype="uint8",
-            latent_shape=(side, side, 3),
-            model=self.name,
-        )
-
-    def stages(self) -> Sequence[Stage]:
-        return (
-            Stage("denoise", Lane.HOT, self._denoise),
-            Stage("finalize", Lane.HOT, self._finalize),
-            Stage("decode", Lane.DEFERRED, self._decode),
-            Stage("encode_prompt", Lane.ENCODE, self._encode_prompt),
-        )
-
-    def heavy_keys(self) -> frozenset[str]:
-        return frozenset({"prompt"})
-
-    def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
-        if "prompt" in conditioning and not isinstance(conditioning["prompt"], str):
-            raise ValueError(f"prompt must be a str, got {type(conditioning['prompt']).__name__}")
-        if "move" in conditioning:
-            move = conditioning["move"]
-            ok = (
-                isinstance(move, list | tuple | np.ndarray)
-                and len(move) == 2
-                and all(isinstance(v, int | np.integer) and abs(int(v)) < 1 << 20 for v in move)
-            )
-            if not ok:
-                raise ValueError(f"move must be two ints (dy, dx), got {move!r}")
 
     @torch.inference_mode()
     def seed(self, batch: Batch) -> None:
