@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from shm.errors import (
 )
 from shm.native import ffi, lib
 from shm.segment import Segment, page_align
+
+# return codes of the C slab calls (shm_native.c: SLAB_*)
+_FULL, _QUOTA, _FOREIGN, _RANGE, _STALE = -1, -2, -3, -4, -5
 
 
 class SlotState(enum.IntEnum):
@@ -135,16 +138,9 @@ class Slab:
         """Take a free slot for ``owner``; SlabFull or QuotaExceeded when none may be had."""
         generation = self._generation
         slot = int(lib.shm_slab_acquire(self._meta, owner, time.monotonic_ns(), generation))
-        if slot >= 0:
-            return Lease(slot, int(generation[0]), owner)
-        if slot == -2:
-            raise QuotaExceeded(
-                f"owner {owner} holds its quota of {self.quota} slots in {self.segment.name}; "
-                "it must release one first"
-            )
-        if slot == -1:
-            raise SlabFull(f"all {self.slots} slots of {self.segment.name} are in use")
-        raise ValueError(f"owner {owner} is out of range (max {self.max_owners - 1})")
+        if slot < 0:
+            self._raise(slot, "acquire", owner=owner)
+        return Lease(slot, int(generation[0]), owner)
 
     def acquire_array(
         self, owner: int, dtype: Any, shape: tuple[int, ...]
@@ -162,15 +158,15 @@ class Slab:
 
     def publish(self, lease: Lease) -> None:
         """Make the written slot readable; StaleSlot if it was reclaimed meanwhile."""
-        if lib.shm_slab_publish(self._meta, lease.slot, lease.generation) != 0:
-            raise StaleSlot(
-                f"slot {lease.slot} generation {lease.generation} was reclaimed before publish"
-            )
+        rc = lib.shm_slab_publish(self._meta, lease.slot, lease.generation)
+        if rc:
+            self._raise(rc, "publish", *lease)
 
     def abort(self, lease: Lease) -> None:
         """Give back a slot that was never published."""
-        if lib.shm_slab_abort(self._meta, lease.slot, lease.generation) != 0:
-            raise StaleSlot(f"slot {lease.slot} generation {lease.generation} is not being written")
+        rc = lib.shm_slab_abort(self._meta, lease.slot, lease.generation)
+        if rc:
+            self._raise(rc, "abort", *lease)
 
     # -- reader -----------------------------------------------------------
 
@@ -190,23 +186,15 @@ class Slab:
     def release(self, slot: int, generation: int, owner: int) -> None:
         """Hand a read slot back. StaleSlot for an old generation, ForeignSlot for
         another owner's slot; neither changes anything."""
-        self._check_slot(slot)
-        rc = int(lib.shm_slab_release(self._meta, slot, generation, owner))
-        if rc == -1:
-            raise StaleSlot(
-                f"release of slot {slot} generation {generation} refused: stale "
-                "(already released or reclaimed)"
-            )
-        if rc == -3:
-            raise ForeignSlot(f"slot {slot} belongs to another owner than {owner}")
-        if rc != 0:
-            raise ValueError(f"owner {owner} is out of range (max {self.max_owners - 1})")
+        rc = lib.shm_slab_release(self._meta, slot, generation, owner)
+        if rc:
+            self._raise(rc, "release", slot, generation, owner)
 
     def reclaim(self, owner: int) -> int:
         """Free every slot ``owner`` holds (a dead peer's); returns how many."""
         n = int(lib.shm_slab_reclaim(self._meta, owner))
         if n < 0:
-            raise ValueError(f"owner {owner} is out of range (max {self.max_owners - 1})")
+            self._raise(n, "reclaim", owner=owner)
         return n
 
     # -- introspection ----------------------------------------------------
@@ -279,6 +267,26 @@ class Slab:
             known = self._views[(dtype, shape)] = (dt, count)
         offset = self.data_offset + slot * self.slot_size
         return self.segment.view(offset, known[0], known[1], shape, readonly=readonly)
+
+    def _raise(
+        self, rc: int, call: str, slot: int = -1, generation: int = -1, owner: int = -1
+    ) -> NoReturn:
+        """The one place a C return code becomes an exception (csrc: SLAB_*)."""
+        where = f"{call} of slot {slot} generation {generation}" if slot >= 0 else call
+        if rc == _FULL:
+            raise SlabFull(f"all {self.slots} slots of {self.segment.name} are in use")
+        if rc == _QUOTA:
+            raise QuotaExceeded(
+                f"owner {owner} holds its quota of {self.quota} slots in {self.segment.name}; "
+                "it must release one first"
+            )
+        if rc == _FOREIGN:
+            raise ForeignSlot(f"{where} refused: the slot belongs to another owner than {owner}")
+        if rc == _STALE:
+            raise StaleSlot(f"{where} refused: stale (already released, reclaimed or published)")
+        if slot >= self.slots:
+            raise StaleSlot(f"slot {slot} does not exist (the slab has {self.slots})")
+        raise ValueError(f"{where}: owner {owner} is out of range (max {self.max_owners - 1})")
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:

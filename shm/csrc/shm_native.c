@@ -369,6 +369,10 @@ void shm_ring_stats(void *ring, uint64_t *out) {
 
 enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
 
+/* Slab return codes: one meaning each, so Python maps them in one place
+   (shm/slab.py, _raise). */
+enum { SLAB_FULL = -1, SLAB_QUOTA = -2, SLAB_FOREIGN = -3, SLAB_RANGE = -4, SLAB_STALE = -5 };
+
 typedef struct {
     uint64_t magic, slots, max_owners, slot_size, quota, hint;
     uint64_t _pad0[LINE_WORDS - 6];
@@ -470,7 +474,7 @@ static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t fro
                                     __ATOMIC_ACQUIRE))
         return 0;
     __atomic_fetch_add(&s->stale_refused, 1, __ATOMIC_RELAXED);
-    return -1;
+    return SLAB_STALE;
 }
 
 int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation) {
@@ -486,7 +490,8 @@ int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation) {
            ((generation << 2) | SLOT_READY);
 }
 
-/* READY -> FREE with the next generation. -1 stale, -3 another owner's slot. */
+/* READY -> FREE with the next generation. SLAB_STALE, or SLAB_FOREIGN for
+   another owner's slot. */
 int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner) {
     slab_t *s = (slab_t *)meta;
     if (slot >= s->slots || owner >= s->max_owners) return -4;
