@@ -111,6 +111,34 @@ class StepResult:
         return self.kind is ResultKind.CHUNK
 
 
+class NoticeKind(enum.IntEnum):
+    """What a :class:`Notice` says happened. The values are the wire codes."""
+
+    ATTACHED = 1  # the attach (or reset) took effect
+    DETACHED = 2  # the session left (``message`` says why when the engine chose it)
+    REJECTED = 3  # an attach refused by AdmissionError (backpressure)
+    ERROR = 4  # a request or a step failed for this session
+    DROPPED = 5  # a chunk could not be emitted (its session goes on or went)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What happened to a session, other than a chunk.
+
+    Attributes:
+        session: the session; "" for the engine as a whole (a failed step).
+        kind: what happened.
+        message: why, for people (an error's type and text).
+        seq: the request this notice answers (its ``seq``), 0 for news that
+            answers nothing (an error of a step, a dropped chunk, an idle detach).
+    """
+
+    session: str
+    kind: NoticeKind
+    message: str = ""
+    seq: int = 0
+
+
 @dataclass(frozen=True)
 class Action:
     """Action-class conditioning for one session: keys to set on its conditioning.

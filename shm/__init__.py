@@ -3,9 +3,16 @@
 - :class:`Segment` — a named POSIX shared-memory region with a versioned header.
 - :class:`Ring` — a lock-free SPSC ring of byte records inside a segment.
 - :class:`Doorbell` — the semaphore a sleeping ring consumer is woken by.
-- :class:`Slab` — fixed slots written once and read in place as NumPy views.
+- :class:`Slab` — fixed slots written once and read in place as NumPy views:
+  a writer's :class:`Loan` is published and its :class:`SlotRef` sent over a
+  ring; the reader's :class:`Sample` is released when read.
+- :mod:`shm.names` — the names of shared objects (:func:`shm_name`), and the
+  listing and removal of a prefix's objects.
+- :class:`NameLock` — one live process at a time owns a name; the kernel lets
+  go when it dies.
 
-The atomics, the ring and the slot states are C (``csrc/``), built with cffi.
+The atomics, the ring and the slot states are C (``csrc/``), built with cffi;
+the C's status codes become exceptions in one place, :func:`check_rc`.
 """
 
 from shm.doorbell import Doorbell
@@ -26,16 +33,22 @@ from shm.errors import (
     SlabFull,
     StaleSlot,
     WouldBlock,
+    check_rc,
 )
+from shm.lock import NameLock, NameLockHeld
+from shm.names import shm_name
 from shm.ring import Ring, RingStatistics, WaitPolicy, wait_any
-from shm.segment import Segment, is_alive, shm_name
-from shm.slab import Lease, Slab, SlabStatistics, SlotInfo, SlotState
+from shm.segment import Segment, is_alive
+from shm.slab import Loan, Sample, Slab
+from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState
 
 __all__ = [
     "Doorbell",
     "ForeignSegmentError",
     "ForeignSlot",
-    "Lease",
+    "Loan",
+    "NameLock",
+    "NameLockHeld",
     "QuotaExceeded",
     "RecordTooLarge",
     "Ring",
@@ -43,6 +56,7 @@ __all__ = [
     "RingEmpty",
     "RingFull",
     "RingStatistics",
+    "Sample",
     "Segment",
     "SegmentError",
     "SegmentExistsError",
@@ -54,10 +68,12 @@ __all__ = [
     "SlabFull",
     "SlabStatistics",
     "SlotInfo",
+    "SlotRef",
     "SlotState",
     "StaleSlot",
     "WaitPolicy",
     "WouldBlock",
+    "check_rc",
     "is_alive",
     "shm_name",
     "wait_any",

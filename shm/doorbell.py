@@ -6,7 +6,7 @@ the consumer raises the flag, fences, and re-checks the ring before sleeping;
 the producer publishes, fences, and posts only if it finds the flag raised
 (clearing it, so one sleep gets one post). Neither side can miss the other, so
 there are no lost wake-ups, and a producer whose consumer is awake pays no
-system call.
+system call. Its name comes from :func:`shm.names.shm_name`, like a segment's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import posix_ipc
 
 from shm.errors import SegmentExistsError, SegmentNotFoundError
+from shm.names import unlink_semaphore
 
 
 class Doorbell:
@@ -47,13 +48,5 @@ class Doorbell:
         self._sem.close()
 
     def unlink(self) -> None:
-        unlink(self.name)
-
-
-def unlink(name: str) -> bool:
-    """Remove semaphore ``name`` if it exists; True when something was removed."""
-    try:
-        posix_ipc.unlink_semaphore(name)
-    except posix_ipc.ExistentialError:
-        return False
-    return True
+        """Remove the name (creator's duty); opened handles stay valid until closed."""
+        unlink_semaphore(self.name)

@@ -15,6 +15,10 @@ Blocking calls accept ``check``, called about every 100 ms while waiting, so a
 caller can notice a dead peer and raise instead of waiting out the timeout.
 Without ``check`` a blocked consumer sleeps on its doorbell for the whole
 timeout: only a push wakes it (the lost-wake-up test relies on that).
+
+The C calls return ``enum shm_status`` codes (``csrc/shm_native.h``). The hot
+paths compare them with module constants read once from ``lib``; only an error
+goes through :func:`~shm.errors.check_rc`, which raises its exception.
 """
 
 from __future__ import annotations
@@ -23,17 +27,23 @@ import enum
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from shm.doorbell import Doorbell
-from shm.errors import RecordTooLarge, RingCorrupt, RingEmpty, RingFull, SegmentError
+from shm.errors import RingEmpty, RingFull, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment
 
 HEADER = int(lib.shm_ring_header_size())
 CHECK_EVERY_S = 0.1
 SPIN_SLICE_NS = 1_000_000  # the spin policy polls in slices this long, yielding between
+
+# the statuses the hot paths test for, read once (a global is cheaper than lib.X)
+_WAKE = int(lib.SHM_WAKE)
+_FULL = int(lib.SHM_RING_FULL)
+_EMPTY = int(lib.SHM_RING_EMPTY)
+_CORRUPT = int(lib.SHM_RING_CORRUPT)
 
 
 class WaitPolicy(enum.Enum):
@@ -42,9 +52,19 @@ class WaitPolicy(enum.Enum):
     BLOCK = "block"
 
 
+# RingStatistics fields that are not read as the C field of the same name
+_DERIVED = frozenset({"used_bytes", "high_water_bytes", "consumer_sleeping"})
+
+
 @dataclass(frozen=True)
 class RingStatistics:
-    """Counters read from the ring's header in shared memory (a live snapshot)."""
+    """Counters read from the ring's header in shared memory (a live snapshot).
+
+    Each field is the ``shm_ring_stats_t`` field of the same name, except the
+    three that :meth:`from_c` derives: ``used_bytes`` (head - tail),
+    ``high_water_bytes`` (``high_water``) and ``consumer_sleeping``
+    (``sleeping``).
+    """
 
     capacity: int
     used_bytes: int
@@ -64,6 +84,19 @@ class RingStatistics:
         """Records pushed and not yet popped."""
         return self.pushed - self.popped
 
+    @classmethod
+    def from_c(cls, out: Any) -> RingStatistics:
+        """Build from a filled ``shm_ring_stats_t``, field by field by name."""
+        named: dict[str, Any] = {
+            f.name: int(getattr(out, f.name)) for f in fields(cls) if f.name not in _DERIVED
+        }
+        return cls(
+            **named,
+            used_bytes=int(out.head - out.tail),
+            high_water_bytes=int(out.high_water),
+            consumer_sleeping=bool(out.sleeping),
+        )
+
 
 class Ring:
     """One ring in ``segment`` at ``offset`` (made by :meth:`create`)."""
@@ -80,12 +113,10 @@ class Ring:
         self.segment = segment
         self.offset = offset
         self._ptr = segment.ptr(offset)
-        capacity = int(lib.shm_ring_check(self._ptr, segment.size - offset))
-        if capacity < 0:
-            reason = {-1: "no ring there", -2: "a damaged ring header", -3: "a ring too big"}
-            raise SegmentError(
-                f"{segment.name} at offset {offset} holds {reason.get(capacity, 'no ring')}"
-            )
+        capacity = check_rc(
+            int(lib.shm_ring_check(self._ptr, segment.size - offset)),
+            f"opening the ring at offset {offset} of {segment.name}",
+        )
         self.capacity = capacity
         self.max_record = int(lib.shm_ring_max_payload(capacity))
         self.policy = WaitPolicy(policy)
@@ -106,8 +137,11 @@ class Ring:
         """Lay out a new, empty ring; ``capacity`` is a power of two, at least 64."""
         if offset % 128 or offset + cls.footprint(capacity) > segment.size:
             raise ValueError(f"ring at {offset} (+{cls.footprint(capacity)}) does not fit")
-        if lib.shm_ring_init(segment.ptr(offset), capacity) != 0:
-            raise ValueError(f"ring capacity must be a power of two >= 64, got {capacity}")
+        check_rc(
+            lib.shm_ring_init(segment.ptr(offset), capacity),
+            f"creating a ring of capacity {capacity} in {segment.name} "
+            "(a ring's capacity must be a power of two >= 64)",
+        )
         return cls(segment, offset, **kwargs)
 
     # -- producer ---------------------------------------------------------
@@ -128,7 +162,7 @@ class Ring:
         """Append one record, waiting up to ``timeout`` s for room; then RingFull."""
         data = record if type(record) is bytes else ffi.from_buffer(record)
         rc = lib.shm_ring_push(self._ptr, data, len(record), 1)
-        if rc != -1:
+        if rc != _FULL:
             if rc:
                 self._pushed(rc, record)
             return
@@ -138,8 +172,9 @@ class Ring:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
             rc = lib.shm_ring_push(self._ptr, data, len(record), 0)
-            if rc != -1:
-                self._pushed(rc, record)
+            if rc != _FULL:
+                if rc:
+                    self._pushed(rc, record)
                 return
             now = time.monotonic()
             if check is not None and now >= next_check:
@@ -147,20 +182,24 @@ class Ring:
                 next_check = now + CHECK_EVERY_S
             if now >= deadline:
                 raise RingFull(
-                    f"ring in {self.segment.name} stayed full for {now - start:.3f}s: "
-                    "its consumer is not keeping up"
+                    f"{self._where()} stayed full for {now - start:.3f}s: "
+                    "its consumer is not keeping up (backpressure)"
                 )
 
     def _pushed(self, rc: int, record: bytes | bytearray | memoryview) -> None:
-        if rc == 1 and self.doorbell is not None:
-            self.doorbell.ring()
-        elif rc == -1:
-            raise RingFull(f"ring in {self.segment.name} is full ({self.capacity} bytes)")
-        elif rc == -2:
-            raise RecordTooLarge(
-                f"record of {len(record):,} bytes exceeds this ring's largest, "
-                f"{self.max_record:,} (half its capacity); use a slab slot for bulk data"
-            )
+        """After a push that returned ``rc`` != SHM_OK: wake the consumer, or raise."""
+        if rc == _WAKE:
+            if self.doorbell is not None:
+                self.doorbell.ring()
+            return
+        check_rc(
+            rc,
+            f"push of a {len(record):,}-byte record to {self._where()} "
+            f"(capacity {self.capacity:,} bytes, largest record {self.max_record:,})",
+        )
+
+    def _where(self) -> str:
+        return f"the ring at offset {self.offset} of {self.segment.name}"
 
     # -- consumer ---------------------------------------------------------
 
@@ -174,11 +213,9 @@ class Ring:
         """Take the oldest record, or raise RingEmpty at once."""
         out = self._out if self._out is not None else self._buffers()
         n = lib.shm_ring_pop(self._ptr, out, self.capacity)
-        if n >= 0:
-            return ffi.unpack(out, n)  # type: ignore[no-any-return]
-        if n == -1:
-            raise RingEmpty(f"ring in {self.segment.name} is empty")
-        raise RingCorrupt(f"ring in {self.segment.name} at {self.offset} holds invalid bytes")
+        if n < 0:
+            check_rc(n, f"pop from {self._where()}")
+        return ffi.unpack(out, n)  # type: ignore[no-any-return]
 
     def pop(self, timeout: float, check: Callable[[], None] | None = None) -> bytes:
         """Take the oldest record, waiting up to ``timeout`` s; then RingEmpty."""
@@ -188,8 +225,10 @@ class Ring:
         n = lib.shm_ring_pop_spin(self._ptr, out, self.capacity, self._first_spin_ns(timeout))
         if n >= 0:
             return ffi.unpack(out, n)  # type: ignore[no-any-return]
-        if n == -1 and not self.wait_readable(timeout, check):
-            raise RingEmpty(f"ring in {self.segment.name} stayed empty for {timeout}s")
+        if n == _EMPTY and not self.wait_readable(timeout, check):
+            raise RingEmpty(
+                f"{self._where()} stayed empty for {timeout}s: its producer sent nothing"
+            )
         return self.pop_nowait()
 
     def _first_spin_ns(self, timeout: float) -> int:
@@ -205,7 +244,7 @@ class Ring:
         limit = self.capacity // 8 if max_records is None else min(max_records, self.capacity // 8)
         n = int(lib.shm_ring_pop_batch(self._ptr, out, self.capacity, self._lens, limit))
         if n < 0:
-            raise RingCorrupt(f"ring in {self.segment.name} at {self.offset} holds invalid bytes")
+            check_rc(n, f"batch pop from {self._where()}")
         records, at = [], 0
         for i in range(n):
             size = int(self._lens[i])
@@ -284,34 +323,26 @@ class Ring:
     def peek(self, index: int) -> bytes | None:
         """The record ``index`` places behind the oldest, without consuming; None if absent.
 
-        For inspectors: safe on a live ring (bounds-checked), but a snapshot only.
+        For inspectors: safe on a live ring (bounds-checked), but a snapshot only,
+        so bytes that do not parse as records (a live peer moved meanwhile, or
+        real corruption) also read as None.
         """
         buffer = bytearray(self.max_record)
         n = int(lib.shm_ring_peek(self._ptr, index, ffi.from_buffer(buffer), len(buffer)))
-        return bytes(buffer[:n]) if n >= 0 else None
+        if n in (_EMPTY, _CORRUPT):
+            return None
+        check_rc(n, f"peek at record {index} of {self._where()}")
+        return bytes(buffer[:n])
 
     def reset(self) -> None:
         """Drop every record. Only when neither peer is running (one died, say)."""
         lib.shm_ring_reset(self._ptr)
 
     def statistics(self) -> RingStatistics:
-        out = ffi.new("uint64_t[13]")
+        """A snapshot of the ring's counters, read from shared memory."""
+        out = ffi.new("shm_ring_stats_t *")
         lib.shm_ring_stats(self._ptr, out)
-        v = [int(x) for x in out]  # order: see shm_ring_stats in csrc/shm_native.c
-        return RingStatistics(
-            capacity=v[0],
-            used_bytes=v[1] - v[2],
-            pushed=v[3],
-            popped=v[4],
-            bytes_pushed=v[5],
-            bytes_popped=v[6],
-            full_events=v[7],
-            high_water_bytes=v[8],
-            oversized=v[9],
-            corrupt=v[10],
-            wakeups=v[11],
-            consumer_sleeping=bool(v[12]),
-        )
+        return RingStatistics.from_c(out)
 
 
 def wait_any(

@@ -11,9 +11,10 @@ header. Everything after the first page is the user's.
 The creator owns unlinking. ``close`` releases the pointers this object handed
 out; NumPy views a caller still holds keep the mapping alive until they go.
 
-Named per user (``/rte.<uid>.<name>``): another user's daemon of the same name
-is another segment. Uses posix_ipc, never ``multiprocessing.shared_memory``,
-whose resource tracker unlinks segments that other processes still use.
+Named per user (``/rte.<uid>.<name>``, made by :func:`shm.names.shm_name`):
+another user's daemon of the same name is another segment. Uses posix_ipc,
+never ``multiprocessing.shared_memory``, whose resource tracker unlinks
+segments that other processes still use.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import errno
 import math
 import mmap
 import os
-import re
 import struct
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,30 +40,19 @@ from shm.errors import (
     SegmentSpaceError,
     SegmentVersionError,
 )
+from shm.names import SHM_DIR, unlink_segment
 from shm.native import ffi, lib
 
 PAGE = mmap.PAGESIZE
 HEADER_SIZE = max(PAGE, 4096)
 LAYOUT_VERSION = 1
 MAGIC = int.from_bytes(b"rteseg01", "little")
-SHM_DIR = Path("/dev/shm")
 # magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
 _HEADER = struct.Struct("<QIIQQdd")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def page_align(n: int) -> int:
     return (n + PAGE - 1) // PAGE * PAGE
-
-
-def shm_name(*parts: str) -> str:
-    """The POSIX name of one object of this user: ``/rte.<uid>.<part>.<part>...``."""
-    for part in parts:
-        if not _NAME.match(part):
-            raise ValueError(
-                f"name part {part!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
-            )
-    return "/rte." + ".".join((str(os.getuid()), *parts))
 
 
 def process_start_time(pid: int) -> float | None:
@@ -116,7 +104,7 @@ class Segment:
             _reserve(shm.fd, size, name)
             mapping = mmap.mmap(shm.fd, size)
         except BaseException:
-            posix_ipc.unlink_shared_memory(name)
+            unlink_segment(name)
             raise
         finally:
             shm.close_fd()
@@ -196,7 +184,7 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (creator's duty); mappings stay valid until closed."""
-        unlink(self.name)
+        unlink_segment(self.name)
 
     def __enter__(self) -> Segment:
         return self
@@ -278,12 +266,3 @@ def _free_bytes() -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
-
-
-def unlink(name: str) -> bool:
-    """Remove segment ``name`` if it exists; True when something was removed."""
-    try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
-        return False
-    return True

@@ -1,14 +1,23 @@
 """Slab: fixed-size, page-aligned slots in shared memory, written once, read in place.
 
-The writer takes a free slot for an owner (:meth:`Slab.acquire`), writes the
-data straight into it through a writable view, and publishes it; it then tells
-the reader (slot, generation, dtype, shape) over a ring. The reader gets a
-read-only NumPy view of the slot's bytes (:meth:`Slab.view`), no copy, and
-releases it when done. Each slot's state word (free / writing / ready) carries a
-generation that every release must name, so a stale release is refused instead
-of freeing a slot that was reused. Owners have quotas, so a reader that holds
-all its slots stalls only itself; :meth:`Slab.reclaim` frees a dead owner's
-slots in one call. Counters live in the slab's header, for inspectors.
+Loans manage themselves, as iceoryx2's (``loan`` -> write -> ``send``). The
+writer takes a free slot for an owner with :meth:`Slab.loan` and gets a
+:class:`Loan`: its ``array`` is a writable NumPy view of the slot, written once,
+in place; ``publish()`` makes it readable, ``abort()`` gives it back unread, and
+a ``with`` block aborts a loan it leaves unfinished, so an exception while
+writing never leaks a slot. The writer then sends the loan's :class:`SlotRef`
+(slot, generation, owner) to the reader over a ring. The reader turns it back
+into a :class:`Sample` with :meth:`Slab.receive`: a read-only view of the slot's
+bytes, no copy, which ``release()`` or the end of a ``with`` block hands back.
+Nobody passes (slot, generation, owner) as three loose ints.
+
+Each slot's state word (free / writing / ready) carries a generation that every
+publish, abort and release must name, so a stale one is refused instead of
+freeing a slot that was reused. Owners have quotas, so a reader that holds all
+its slots stalls only itself; :meth:`Slab.reclaim` frees a dead owner's slots
+in one call. Counters live in the slab's header, for inspectors. The C returns
+``enum shm_status`` codes; :func:`~shm.errors.check_rc` turns a refusal into its
+exception, with a message built here that says which slot and whose.
 
 :meth:`Slab.pin` registers the slots as page-locked memory with CUDA when torch
 with CUDA is already imported (device-to-host copies then go straight in,
@@ -17,68 +26,137 @@ asynchronously); elsewhere it does nothing, and never imports torch.
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
 import numpy as np
 
-from shm.errors import (
-    ForeignSlot,
-    QuotaExceeded,
-    SegmentError,
-    SlabFull,
-    StaleSlot,
-)
+from shm.errors import SegmentError, StaleSlot, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment, page_align
+from shm.slots import SlabStatistics, SlotInfo, SlotRef
 
-# return codes of the C slab calls (shm_native.c: SLAB_*)
-_FULL, _QUOTA, _FOREIGN, _RANGE, _STALE = -1, -2, -3, -4, -5
-
-
-class SlotState(enum.IntEnum):
-    FREE = 0
-    WRITING = 1
-    READY = 2
+_RANGE = int(lib.SHM_SLAB_RANGE)
+_STALE = int(lib.SHM_SLAB_STALE)
+_new_tuple = tuple.__new__  # makes a SlotRef at half the cost of calling the class
 
 
-class Lease(NamedTuple):
-    """A slot taken by the writer for ``owner``; name it to publish or abort."""
+class Loan:
+    """A slot the writer holds: write :attr:`array` once, then publish or abort.
 
-    slot: int
-    generation: int
-    owner: int
+    Made by :meth:`Slab.loan`. As a context manager it aborts on exit unless it
+    was published or aborted (a slot reclaimed meanwhile is left as it is).
+    Once finished, a further :meth:`publish` or :meth:`abort` is refused by the
+    C with :class:`~shm.errors.StaleSlot` (and counted as stale).
+
+    Attributes:
+        ref: the slot's reference, for the reader once published.
+        array: the slot's bytes as a writable array of the loan's dtype and
+            shape: the slab's own memory, no copy.
+    """
+
+    __slots__ = ("_finished", "_slab", "array", "ref")
+
+    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
+        self._slab = slab
+        self._finished = False
+        self.ref = ref
+        self.array = array
+
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`publish` or :meth:`abort` was called."""
+        return self._finished
+
+    def publish(self) -> SlotRef:
+        """Make the written slot readable (WRITING -> READY); return its reference.
+
+        Raises:
+            StaleSlot: the slot was reclaimed meanwhile, or the loan is finished.
+        """
+        self._finished = True
+        ref = self.ref
+        rc = lib.shm_slab_publish(self._slab._meta, ref.slot, ref.generation)
+        if rc:
+            check_rc(rc, self._slab._where("publish", ref))
+        return ref
+
+    def abort(self) -> None:
+        """Give the slot back unpublished (WRITING -> FREE, next generation).
+
+        Raises:
+            StaleSlot: the slot was reclaimed meanwhile, or the loan is finished.
+        """
+        self._finished = True
+        ref = self.ref
+        rc = lib.shm_slab_abort(self._slab._meta, ref.slot, ref.generation)
+        if rc:
+            check_rc(rc, self._slab._where("abort", ref))
+
+    def __enter__(self) -> Loan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._finished:
+            with contextlib.suppress(StaleSlot):  # reclaimed meanwhile: nothing to give back
+                self.abort()
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "open"
+        return f"<Loan {state} {self.ref} in {self._slab.segment.name}>"
 
 
-@dataclass(frozen=True)
-class SlotInfo:
-    state: SlotState
-    generation: int
-    owner: int
-    since_ns: int  # time.monotonic_ns() when it was acquired
+class Sample:
+    """A published slot the reader holds: read :attr:`array`, then release it.
 
+    Made by :meth:`Slab.receive`. :meth:`release` is idempotent; as a context
+    manager it releases on exit.
 
-@dataclass(frozen=True)
-class SlabStatistics:
-    """Counters read from the slab's header in shared memory (a live snapshot)."""
+    Attributes:
+        ref: the slot's reference, as the writer sent it.
+        array: the slot's bytes as a read-only array: the slab's own memory, no
+            copy. Do not use it after :meth:`release`: the slot may be reused.
+    """
 
-    slots: int
-    slot_size: int
-    quota: int
-    held: int
-    high_water: int
-    acquired: int
-    released: int
-    aborted: int
-    reclaimed: int
-    stale_refused: int
-    foreign_refused: int
-    quota_refused: int
-    full_events: int
+    __slots__ = ("_released", "_slab", "array", "ref")
+
+    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
+        self._slab = slab
+        self._released = False
+        self.ref = ref
+        self.array = array
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Hand the slot back (:meth:`Slab.release` with the ref's owner), once.
+
+        Later calls do nothing, also after a first call that raised.
+
+        Raises:
+            StaleSlot: the slot was reclaimed while it was held (its owner was
+                taken for dead); what was read from it may have been overwritten.
+            ForeignSlot: the reference names another owner than the slot's.
+        """
+        if self._released:
+            return
+        self._released = True
+        self._slab.release(self.ref)
+
+    def __enter__(self) -> Sample:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"<Sample {state} {self.ref} in {self._slab.segment.name}>"
 
 
 class Slab:
@@ -88,18 +166,20 @@ class Slab:
         self.segment = segment
         self.offset = offset
         self._meta = segment.ptr(offset)
-        slots = int(lib.shm_slab_check(self._meta, segment.size - offset))
-        if slots < 0:
-            raise SegmentError(f"{segment.name} at offset {offset} holds no valid slab")
-        stats = self._raw_stats()
-        self.slots, self.max_owners, self.slot_size, self.quota = stats[:4]
+        check_rc(
+            int(lib.shm_slab_check(self._meta, segment.size - offset)),
+            f"opening the slab at offset {offset} of {segment.name}",
+        )
+        stats = self.statistics()
+        self.slots, self.max_owners = stats.slots, stats.max_owners
+        self.slot_size, self.quota = stats.slot_size, stats.quota
         meta = int(lib.shm_slab_meta_size(self.slots, self.max_owners))
         self.data_offset = page_align(offset + meta)
         if self.data_offset + self.slots * self.slot_size > segment.size:
             raise SegmentError(f"{segment.name}: slab at {offset} runs past the segment")
         self._pinned = False
         self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
-        self._views: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
+        self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
 
     @staticmethod
     def footprint(offset: int, slots: int, slot_bytes: int, max_owners: int) -> int:
@@ -129,170 +209,216 @@ class Slab:
             or offset + cls.footprint(offset, slots, slot_bytes, max_owners) > segment.size
         ):
             raise ValueError(f"slab of {slots} x {slot_bytes} B at {offset} does not fit")
-        lib.shm_slab_init(segment.ptr(offset), slots, max_owners, page_align(slot_bytes), quota)
+        check_rc(
+            lib.shm_slab_init(
+                segment.ptr(offset), slots, max_owners, page_align(slot_bytes), quota
+            ),
+            f"creating a slab of {slots} x {slot_bytes} B for {max_owners} owners "
+            f"in {segment.name}",
+        )
         return cls(segment, offset)
 
     # -- writer -----------------------------------------------------------
 
-    def acquire(self, owner: int) -> Lease:
-        """Take a free slot for ``owner``; SlabFull or QuotaExceeded when none may be had."""
+    def loan(self, owner: int, dtype: Any, shape: tuple[int, ...]) -> Loan:
+        """Take a free slot for ``owner``, as a writable array of ``dtype`` and ``shape``.
+
+        The hot path of a writer: one C call, and the array is a view of the
+        slot (no copy). Write it once, then :meth:`Loan.publish` it.
+
+        Raises:
+            SlabFull: no slot is free.
+            QuotaExceeded: ``owner`` holds its quota of slots.
+            ValueError: ``dtype`` x ``shape`` exceeds a slot, or ``owner`` is
+                past ``max_owners`` (no slot is taken).
+        """
+        # (not *-unpacked into view below: a star call skips CPython's fast path)
+        dt, count = self._layouts.get((dtype, shape)) or self._layout(dtype, shape)
         generation = self._generation
-        slot = int(lib.shm_slab_acquire(self._meta, owner, time.monotonic_ns(), generation))
+        slot = lib.shm_slab_acquire(self._meta, owner, time.monotonic_ns(), generation)
         if slot < 0:
-            self._raise(slot, "acquire", owner=owner)
-        return Lease(slot, int(generation[0]), owner)
-
-    def acquire_array(
-        self, owner: int, dtype: Any, shape: tuple[int, ...]
-    ) -> tuple[Lease, np.ndarray[Any, Any]]:
-        """:meth:`acquire` and the slot as a writable array, in one call (the hot path)."""
-        lease = self.acquire(owner)
-        return lease, self._array(lease.slot, dtype, shape, readonly=False)
-
-    def writable(self, lease: Lease, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-        """The leased slot as a writable array: write the data here, once."""
-        info = self.slot(lease.slot)
-        if info.state is not SlotState.WRITING or info.generation != lease.generation:
-            raise StaleSlot(f"slot {lease.slot} generation {lease.generation} is not being written")
-        return self._array(lease.slot, dtype, shape, readonly=False)
-
-    def publish(self, lease: Lease) -> None:
-        """Make the written slot readable; StaleSlot if it was reclaimed meanwhile."""
-        rc = lib.shm_slab_publish(self._meta, lease.slot, lease.generation)
-        if rc:
-            self._raise(rc, "publish", *lease)
-
-    def abort(self, lease: Lease) -> None:
-        """Give back a slot that was never published."""
-        rc = lib.shm_slab_abort(self._meta, lease.slot, lease.generation)
-        if rc:
-            self._raise(rc, "abort", *lease)
+            check_rc(slot, self._loan_where(owner))
+        ref: SlotRef = _new_tuple(SlotRef, (slot, generation[0], owner))
+        try:
+            array = self.segment.view(
+                self.data_offset + slot * self.slot_size, dt, count, shape, readonly=False
+            )
+        except BaseException:
+            lib.shm_slab_abort(self._meta, slot, ref.generation)  # never leak the slot
+            raise
+        return Loan(self, ref, array)
 
     # -- reader -----------------------------------------------------------
 
-    def view(
-        self, slot: int, generation: int, dtype: Any, shape: tuple[int, ...]
-    ) -> np.ndarray[Any, Any]:
-        """A read-only view of a published slot's bytes: no copy."""
-        if not lib.shm_slab_is_ready(self._meta, slot, generation):
-            self._check_slot(slot)
-            info = self.slot(slot)
-            raise StaleSlot(
-                f"slot {slot} generation {generation} is not published "
-                f"(it is {info.state.name.lower()} at generation {info.generation})"
-            )
-        return self._array(slot, dtype, shape, readonly=True)
+    def receive(self, ref: SlotRef, dtype: Any, shape: tuple[int, ...]) -> Sample:
+        """The published slot ``ref`` as a read-only array of ``dtype`` and ``shape``.
 
-    def release(self, slot: int, generation: int, owner: int) -> None:
-        """Hand a read slot back. StaleSlot for an old generation, ForeignSlot for
-        another owner's slot; neither changes anything."""
-        rc = lib.shm_slab_release(self._meta, slot, generation, owner)
+        The hot path of a reader: the array is a view of the slot (no copy).
+        Release the :class:`Sample` when done with it.
+
+        Raises:
+            StaleSlot: the slot is not published at ``ref.generation`` (the
+                message says what it is), or no such slot exists.
+            ValueError: ``dtype`` x ``shape`` exceeds a slot.
+        """
+        dt, count = self._layouts.get((dtype, shape)) or self._layout(dtype, shape)
+        # acquire inside (pairs with publish's release): the slot's bytes are whole
+        if not lib.shm_slab_is_ready(self._meta, ref.slot, ref.generation):
+            self._check_slot(ref.slot)
+            check_rc(_STALE, self._where("receive", ref))
+        array = self.segment.view(
+            self.data_offset + ref.slot * self.slot_size, dt, count, shape, readonly=True
+        )
+        return Sample(self, ref, array)
+
+    def release(self, ref: SlotRef) -> None:
+        """Hand a published slot back (READY -> FREE, next generation).
+
+        What :meth:`Sample.release` calls; a writer also calls it for a slot it
+        published that no reader will take.
+
+        Raises:
+            StaleSlot: an old generation (already released, or reclaimed), or
+                no such slot; nothing changes.
+            ForeignSlot: the slot is another owner's; nothing changes.
+            ValueError: ``ref.owner`` is past ``max_owners``.
+        """
+        rc = lib.shm_slab_release(self._meta, ref.slot, ref.generation, ref.owner)
         if rc:
-            self._raise(rc, "release", slot, generation, owner)
+            if rc == _RANGE:
+                self._check_slot(ref.slot)
+            check_rc(rc, self._where("release", ref))
 
     def reclaim(self, owner: int) -> int:
-        """Free every slot ``owner`` holds (a dead peer's); returns how many."""
-        n = int(lib.shm_slab_reclaim(self._meta, owner))
-        if n < 0:
-            self._raise(n, "reclaim", owner=owner)
-        return n
+        """Free every slot ``owner`` holds (a dead peer's); returns how many.
+
+        Its loans and samples then fail with StaleSlot when published,
+        aborted or released.
+        """
+        return check_rc(
+            int(lib.shm_slab_reclaim(self._meta, owner)),
+            f"reclaim of owner {owner}'s slots in {self.segment.name} "
+            f"(owners 0-{self.max_owners - 1})",
+        )
 
     # -- introspection ----------------------------------------------------
 
     def slot(self, slot: int) -> SlotInfo:
+        """A snapshot of one slot's state, generation and holder."""
         self._check_slot(slot)
-        out = ffi.new("uint64_t[4]")
+        out = ffi.new("shm_slot_info_t *")
         lib.shm_slab_slot(self._meta, slot, out)
-        return SlotInfo(SlotState(int(out[0])), int(out[1]), int(out[2]), int(out[3]))
+        return SlotInfo.from_c(out)
 
     def held(self, owner: int) -> int:
+        """How many slots ``owner`` holds now (0 for an owner past the slab's)."""
         return int(lib.shm_slab_held(self._meta, owner))
 
     def statistics(self) -> SlabStatistics:
-        s = self._raw_stats()
-        return SlabStatistics(
-            slots=s[0],
-            slot_size=s[2],
-            quota=s[3],
-            acquired=s[4],
-            released=s[5],
-            stale_refused=s[6],
-            quota_refused=s[7],
-            full_events=s[8],
-            reclaimed=s[9],
-            held=s[10],
-            high_water=s[11],
-            aborted=s[12],
-            foreign_refused=s[13],
-        )
+        """A snapshot of the slab's counters, read from shared memory."""
+        out = ffi.new("shm_slab_stats_t *")
+        lib.shm_slab_stats(self._meta, out)
+        return SlabStatistics.from_c(out)
 
     def slot_address(self, slot: int) -> int:
+        """The address of slot ``slot``'s bytes in this process."""
         return self.segment.address + self.data_offset + slot * self.slot_size
 
     # -- CUDA -------------------------------------------------------------
 
     def pin(self) -> bool:
-        """Register the slots as page-locked with CUDA; False (a no-op) without it."""
+        """Register the slots as page-locked with CUDA; False (a no-op) without it.
+
+        Raises:
+            SegmentError: cudaHostRegister refused the slots.
+        """
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_available():
             return False
         if not self._pinned:
             size = self.slots * self.slot_size
-            rc = torch.cuda.cudart().cudaHostRegister(self.slot_address(0), size, 0)
+            cudart = torch.cuda.cudart()
+            rc = cudart.cudaHostRegister(self.slot_address(0), size, 0)
             if int(rc) != 0:
-                raise SegmentError(f"cudaHostRegister of {size:,} bytes failed with {rc}")
+                raise SegmentError(
+                    f"cudaHostRegister of the {size:,} slot bytes of {self.segment.name} "
+                    f"failed with {_cuda_error(cudart, rc)}; the slab works unpinned "
+                    "(slower copies from the GPU)"
+                )
             self._pinned = True
         return True
 
     def unpin(self) -> None:
-        if self._pinned:
-            torch = sys.modules["torch"]
-            torch.cuda.cudart().cudaHostUnregister(self.slot_address(0))
-            self._pinned = False
+        """Undo :meth:`pin` (before the segment is closed); a no-op when not pinned.
+
+        Raises:
+            SegmentError: cudaHostUnregister refused. The slab counts as unpinned
+                afterwards either way; the pages may stay locked until the
+                process exits. CUDA also keeps the failure as its last error,
+                which torch reports again at its next CUDA call.
+        """
+        if not self._pinned:
+            return
+        self._pinned = False
+        cudart = sys.modules["torch"].cuda.cudart()
+        rc = cudart.cudaHostUnregister(self.slot_address(0))
+        if int(rc) != 0:
+            raise SegmentError(
+                f"cudaHostUnregister of the slots of {self.segment.name} failed with "
+                f"{_cuda_error(cudart, rc)}; the pages may stay page-locked until this "
+                "process exits (unpin from the process and CUDA context that pinned them, "
+                "before closing the segment)"
+            )
 
     # -- helpers ----------------------------------------------------------
 
-    def _array(
-        self, slot: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
-    ) -> np.ndarray[Any, Any]:
-        known = self._views.get((dtype, shape))
-        if known is None:
-            dt = np.dtype(dtype)
-            count = math.prod(shape)
-            if dt.itemsize * count > self.slot_size:
-                nbytes = dt.itemsize * count
-                raise ValueError(
-                    f"{nbytes:,} bytes of {dt} {shape} exceed a slot ({self.slot_size:,})"
-                )
-            known = self._views[(dtype, shape)] = (dt, count)
-        offset = self.data_offset + slot * self.slot_size
-        return self.segment.view(offset, known[0], known[1], shape, readonly=readonly)
-
-    def _raise(
-        self, rc: int, call: str, slot: int = -1, generation: int = -1, owner: int = -1
-    ) -> NoReturn:
-        """The one place a C return code becomes an exception (csrc: SLAB_*)."""
-        where = f"{call} of slot {slot} generation {generation}" if slot >= 0 else call
-        if rc == _FULL:
-            raise SlabFull(f"all {self.slots} slots of {self.segment.name} are in use")
-        if rc == _QUOTA:
-            raise QuotaExceeded(
-                f"owner {owner} holds its quota of {self.quota} slots in {self.segment.name}; "
-                "it must release one first"
+    def _layout(self, dtype: Any, shape: tuple[int, ...]) -> tuple[np.dtype[Any], int]:
+        """The NumPy dtype and element count of ``dtype`` x ``shape``, checked to fit
+        a slot, cached per (dtype, shape) for the hot paths."""
+        dt = np.dtype(dtype)
+        count = math.prod(shape)
+        if dt.itemsize * count > self.slot_size:
+            raise ValueError(
+                f"{dt.itemsize * count:,} bytes of {dt} {shape} exceed a slot of "
+                f"{self.segment.name} ({self.slot_size:,} bytes)"
             )
-        if rc == _FOREIGN:
-            raise ForeignSlot(f"{where} refused: the slot belongs to another owner than {owner}")
-        if rc == _STALE:
-            raise StaleSlot(f"{where} refused: stale (already released, reclaimed or published)")
-        if slot >= self.slots:
-            raise StaleSlot(f"slot {slot} does not exist (the slab has {self.slots})")
-        raise ValueError(f"{where}: owner {owner} is out of range (max {self.max_owners - 1})")
+        layout = self._layouts[(dtype, shape)] = (dt, count)
+        return layout
+
+    def _where(self, call: str, ref: SlotRef) -> str:
+        """For an error message: the call, the reference, and the slot as it is now."""
+        where = (
+            f"{call} of slot {ref.slot} generation {ref.generation} by owner {ref.owner} "
+            f"in {self.segment.name}"
+        )
+        if not 0 <= ref.slot < self.slots:
+            return f"{where} (the slab has slots 0-{self.slots - 1})"
+        info = self.slot(ref.slot)
+        return (
+            f"{where} (the slot is {info.state.name.lower()} at generation {info.generation}, "
+            f"owner {info.owner}; owners are 0-{self.max_owners - 1})"
+        )
+
+    def _loan_where(self, owner: int) -> str:
+        held = self.held(owner)
+        return (
+            f"loan of a slot for owner {owner} in {self.segment.name} ({self.slots} slots, "
+            f"a quota of {self.quota} per owner; that owner holds {held}, "
+            f"owners are 0-{self.max_owners - 1})"
+        )
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
-            raise StaleSlot(f"slot {slot} does not exist (the slab has {self.slots})")
+            raise StaleSlot(
+                f"slot {slot} does not exist in {self.segment.name} (the slab has "
+                f"{self.slots}); the reference is not from this slab"
+            )
 
-    def _raw_stats(self) -> list[int]:
-        out = ffi.new("uint64_t[14]")
-        lib.shm_slab_stats(self._meta, out)
-        return [int(v) for v in out]
+
+def _cuda_error(cudart: Any, rc: Any) -> str:
+    """A CUDA runtime status as its number and CUDA's own words for it."""
+    try:
+        words = str(cudart.cudaGetErrorString(rc))
+    except Exception:  # an older torch without it: the number alone
+        return f"CUDA error {int(rc)}"
+    return f"CUDA error {int(rc)} ({words})"

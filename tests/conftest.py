@@ -3,12 +3,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from probe_model import ProbeModel, make_engine
 from rte import ComposedEngine
+from shm.names import objects, shm_name, unlink_objects
 
 
 @pytest.fixture
@@ -30,15 +30,12 @@ def shm_prefix() -> Iterator[str]:
     """
     prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
     yield prefix
-    stem = f"rte.{os.getuid()}.{prefix}"
-    for entry in Path("/dev/shm").glob(f"*{stem}*"):
-        if entry.name.startswith((stem, "sem." + stem)):
-            entry.unlink(missing_ok=True)
+    unlink_objects(shm_name(prefix))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_in_dev_shm() -> Iterator[None]:
     """After the whole suite, no segment of this run may remain."""
     yield
-    left = [p.name for p in Path("/dev/shm").glob(f"*rte.{os.getuid()}.t{os.getpid()}x*")]
+    left = objects(shm_name(f"t{os.getpid()}x"))
     assert not left, f"tests left shared memory behind: {left}"

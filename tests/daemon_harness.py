@@ -1,17 +1,23 @@
-"""Start and stop real daemons (``python -m rte serve``) for tests."""
+"""Start and stop real daemons (``python -m rte serve``) for tests, and talk to
+one as a raw client would (fault injection: records no honest client sends)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from rte.client import Client, connect
+import psutil
+
+from rte.client import ShmClient, connect
+from rte.ipc.control import KIND_CONTROL, Control, DaemonState
+from rte.ipc.names import DaemonNames
+from rte.ipc.wire import Bye, encode_request
+from shm import Doorbell, Ring, Segment
+from shm.names import SHM_DIR
 
 
 class DaemonProcess:
@@ -23,10 +29,12 @@ class DaemonProcess:
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log)
         self.stderr = ""
 
-    def client(self, timeout: float = 30.0) -> Client:
+    def client(self, timeout: float = 30.0) -> ShmClient:
         if self.process.poll() is not None:
             raise AssertionError(f"daemon exited with {self.process.returncode}: {self._read()}")
-        return connect(self.name, timeout=timeout)
+        client = connect(self.name, timeout=timeout)
+        assert isinstance(client, ShmClient)
+        return client
 
     @property
     def pid(self) -> int:
@@ -59,7 +67,48 @@ class DaemonProcess:
 
 
 def leftovers(name: str) -> list[str]:
-    return [p.name for p in Path("/dev/shm").glob(f"*rte.{os.getuid()}.{name}.*")]
+    return DaemonNames(name).leftovers()
+
+
+def slab_file(name: str) -> str:
+    """The file in /dev/shm that holds daemon ``name``'s slab."""
+    return str(SHM_DIR / DaemonNames(name).slab.lstrip("/"))
+
+
+def mapped_file(address: int) -> str:
+    """The file this process has mapped at ``address`` (from /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, *rest = line.split()
+            low, high = (int(x, 16) for x in span.split("-"))
+            if low <= address < high:
+                return rest[4] if len(rest) > 4 else ""
+    raise AssertionError(f"{address:#x} is not mapped")
+
+
+class RawClient:
+    """A client slot of a live daemon, claimed through the control segment, with
+    its ring pair: ``inbox.push`` sends any bytes at all."""
+
+    def __init__(self, name: str) -> None:
+        names = DaemonNames(name)
+        self.segment = Segment.open(names.control, kind=KIND_CONTROL)
+        self.control = Control(self.segment)
+        wait_for(lambda: self.control.state is DaemonState.READY, what="a ready daemon")
+        me = psutil.Process()
+        index = self.control.claim(me.pid, me.create_time())
+        assert index is not None, "no free client slot"
+        self.index = index
+        self.bell = Doorbell(names.bell)
+        self.inbox = Ring(self.segment, self.control.layout.inbox(index), doorbell=self.bell)
+        self.outbox = Ring(self.segment, self.control.layout.outbox(index), policy="spin")
+        self.bell.ring()
+
+    def close(self) -> None:
+        """Say BYE (the daemon frees the slot) and unmap."""
+        self.inbox.push(encode_request(Bye()), timeout=5)
+        self.bell.close()
+        self.segment.close()
 
 
 def wait_for(

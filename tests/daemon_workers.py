@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rte.client import connect
+from rte.client import ShmClient
 
 
 def stream_forever(name: str, sessions: list[str], conn: Any) -> None:
-    """Attach, tell the parent, then consume chunks until killed."""
-    client = connect(name, timeout=30)
+    """Attach, tell the parent its client slot, then consume chunks until killed."""
+    client = ShmClient(name, timeout=30)
     for session in sessions:
         client.attach(session)
     conn.send(client.index)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from shm import Doorbell, Ring, Segment, Slab
+from shm import Doorbell, Ring, Segment, Slab, SlotRef
 
 RECORD = struct.Struct("<QI")  # sequence number, crc32 of the payload
 
@@ -78,14 +78,14 @@ def echo(
         tx.push(rx.pop(timeout=30), timeout=30)
 
 
-def read_slot(
-    seg_name: str, offset: int, slot: int, generation: int, owner: int, conn: Any
-) -> None:
-    """Map the slab, view one slot, report where the view lives and what it holds;
-    on request, look again through the same view; then release the slot."""
+def read_slot(seg_name: str, offset: int, ref: SlotRef, conn: Any) -> None:
+    """Map the slab, receive one slot, report where its array lives and what it holds;
+    on request, look again through the same array; then release the slot, and try a
+    raw release of the same reference again (reporting the refusal)."""
     segment = Segment.open(seg_name)
     slab = Slab(segment, offset)
-    view = slab.view(slot, generation, np.float32, (256, 256))
+    sample = slab.receive(ref, np.float32, (256, 256))
+    view = sample.array
     address = view.__array_interface__["data"][0]
     conn.send(
         {
@@ -98,24 +98,25 @@ def read_slot(
     )
     assert conn.poll(30)
     conn.recv()
-    conn.send(float(view[0, 0]))  # the same view, read again
+    conn.send(float(view[0, 0]))  # the same array, read again
     assert conn.poll(30)
     if conn.recv() == "release":
-        slab.release(slot, generation, owner)
+        sample.release()
+        sample.release()  # idempotent: no second C release
         try:
-            slab.release(slot, generation, owner)
+            slab.release(ref)
         except Exception as exc:
             conn.send(type(exc).__name__)
-    del view
+    del view, sample
     segment.close()
 
 
-def hold_slots(seg_name: str, offset: int, leases: list[tuple[int, int]], conn: Any) -> None:
-    """View slots and never release them; the test kills this process."""
+def hold_slots(seg_name: str, offset: int, refs: list[SlotRef], conn: Any) -> None:
+    """Receive slots and never release them; the test kills this process."""
     segment = Segment.open(seg_name)
     slab = Slab(segment, offset)
-    views = [slab.view(s, g, np.uint8, (16,)) for s, g in leases]
-    conn.send(len(views))
+    samples = [slab.receive(ref, np.uint8, (16,)) for ref in refs]
+    conn.send(len(samples))
     time.sleep(60)
 
 

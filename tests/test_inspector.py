@@ -10,16 +10,15 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import daemon_workers
 import pytest
 from daemon_harness import DaemonProcess, wait_for
 
-from rte.control import names
-from rte.daemon import remove_leftovers
+from rte.cli import main as rte_main
+from rte.ipc.names import DaemonNames
 from shm import Segment
-from tools import inspector
+from shm.names import SHM_DIR
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -27,13 +26,14 @@ SPAWN = multiprocessing.get_context("spawn")
 def run(*argv: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert inspector.main(list(argv)) == 0
+        assert rte_main(["inspect", *argv]) == 0
     return out.getvalue()
 
 
 def shm_bytes(name: str) -> dict[str, bytes]:
-    stem = f"rte.{os.getuid()}.{name}."
-    return {p.name: p.read_bytes() for p in Path("/dev/shm").glob(stem + "*")}
+    """The bytes of every segment of daemon ``name``."""
+    files = [SHM_DIR / n.lstrip("/") for n in DaemonNames(name).leftovers()]
+    return {f.name: f.read_bytes() for f in files if f.exists()}
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def loaded(
     streamer.kill()
     streamer.join(10)
     assert d.stop() == 0, d.stderr
-    remove_leftovers(shm_prefix)
+    DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_inspect_changes_nothing_even_on_a_frozen_daemon(
@@ -89,7 +89,7 @@ def test_the_mapping_is_read_only_by_construction(shm_prefix: str) -> None:
     d = DaemonProcess(shm_prefix)
     try:
         d.client().close()
-        segment = Segment.open(names(shm_prefix)["control"], readonly=True)
+        segment = Segment.open(DaemonNames(shm_prefix).control, readonly=True)
         with pytest.raises(TypeError):
             segment.bytes_at(4096, 8)[0] = 1
         segment.close()
@@ -108,10 +108,27 @@ def test_a_dead_daemon_is_listed_as_stale_with_the_command_that_removes_it(
         listing = run()
         line = next(line for line in listing.splitlines() if line.startswith(shm_prefix))
         assert "DEAD" in line
-        assert f"rm -f /dev/shm/rte.{os.getuid()}.{shm_prefix}." in listing
+        assert f"rte inspect {shm_prefix} --remove" in listing
         detail = json.loads(run(shm_prefix, "--json"))
         assert detail["summary"]["alive"] is False
         client.close()
+        assert "removed" in run(shm_prefix, "--remove")  # the command it showed
+        assert DaemonNames(shm_prefix).leftovers() == []
     finally:
-        remove_leftovers(shm_prefix)
+        DaemonNames(shm_prefix).remove_leftovers()
     assert shm_prefix not in run()
+
+
+def test_a_live_daemon_is_never_removed(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    try:
+        d.client().close()
+        out = io.StringIO()
+        with contextlib.redirect_stderr(out):
+            assert rte_main(["inspect", shm_prefix, "--remove"]) == 1
+        assert "is alive" in out.getvalue()
+        with d.client() as client:  # untouched
+            client.attach("x")
+            assert client.poll(timeout=10) is not None
+    finally:
+        assert d.stop() == 0

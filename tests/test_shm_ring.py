@@ -4,6 +4,7 @@ and a hypothesis model check of any interleaving of pushes and pops."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -18,8 +19,11 @@ from shm import (
     RingEmpty,
     RingFull,
     Segment,
+    SegmentError,
     shm_name,
 )
+from shm.native import ffi
+from shm.ring import RingStatistics
 from shm.segment import HEADER_SIZE
 
 
@@ -69,7 +73,8 @@ def test_full_and_empty_edges(rig: Rig) -> None:
     while True:
         try:
             ring.push_nowait(b"0123456789abcdef")  # 24 bytes a record
-        except RingFull:
+        except RingFull as exc:
+            assert "the ring is full" in str(exc)
             break
         pushed += 1
     assert pushed == 256 // 24
@@ -149,9 +154,20 @@ def test_corrupt_bytes_are_reported_and_nothing_is_consumed(rig: Rig) -> None:
     assert ring.pop_nowait() == b"after"
 
 
+def test_statistics_are_read_from_the_c_struct_by_name(rig: Rig) -> None:
+    c_fields = {name for name, _ in ffi.typeof("shm_ring_stats_t").fields}
+    ours = {f.name for f in dataclasses.fields(RingStatistics)}
+    derived = {"used_bytes", "high_water_bytes", "consumer_sleeping"}
+    assert ours - derived <= c_fields  # every other field has its C namesake
+    rig.ring.push_nowait(b"abc")
+    stats = rig.ring.statistics()
+    assert (stats.capacity, stats.pushed, stats.bytes_pushed, stats.used_bytes) == (256, 1, 3, 16)
+    assert (stats.high_water_bytes, stats.waiting, stats.consumer_sleeping) == (16, 1, False)
+
+
 def test_opening_a_ring_where_there_is_none_is_refused(shm_prefix: str) -> None:
     seg = Segment.create(shm_name(shm_prefix, "blank"), 2 * HEADER_SIZE)
-    with pytest.raises(Exception, match="holds no ring"):
+    with pytest.raises(SegmentError, match=r"opening the ring at offset .* nothing is laid out"):
         Ring(seg, HEADER_SIZE, policy="spin")
     with pytest.raises(ValueError, match="power of two"):
         Ring.create(seg, HEADER_SIZE, 1000, policy="spin")

@@ -1,4 +1,5 @@
-"""Segment: creation, permissions, versioned header, foreign files, space, liveness."""
+"""Segment: creation, permissions, versioned header, foreign files, space, liveness;
+the C status codes and their one mapping to exceptions; names and their clean-up."""
 
 from __future__ import annotations
 
@@ -13,15 +14,47 @@ import pytest
 import shm_workers
 
 from shm import (
+    Doorbell,
     ForeignSegmentError,
+    ForeignSlot,
+    QuotaExceeded,
+    RecordTooLarge,
+    RingCorrupt,
+    RingEmpty,
+    RingFull,
     Segment,
+    SegmentError,
     SegmentExistsError,
     SegmentNotFoundError,
     SegmentSpaceError,
     SegmentVersionError,
+    ShmError,
+    SlabFull,
+    StaleSlot,
+    check_rc,
     shm_name,
 )
+from shm.names import SHM_DIR, objects, unlink_objects
+from shm.native import ffi, lib
 from shm.segment import HEADER_SIZE, _free_bytes
+
+# every error status of enum shm_status and the class check_rc must raise for it
+RAISES: dict[str, type[Exception]] = {
+    "SHM_RING_FULL": RingFull,
+    "SHM_RING_EMPTY": RingEmpty,
+    "SHM_RING_TOO_LARGE": RecordTooLarge,
+    "SHM_RING_CORRUPT": RingCorrupt,
+    "SHM_RING_SHORT_BUFFER": ValueError,
+    "SHM_SLAB_FULL": SlabFull,
+    "SHM_SLAB_QUOTA": QuotaExceeded,
+    "SHM_SLAB_FOREIGN": ForeignSlot,
+    "SHM_SLAB_RANGE": ValueError,
+    "SHM_SLAB_STALE": StaleSlot,
+    "SHM_LAYOUT_MISSING": SegmentError,
+    "SHM_LAYOUT_DAMAGED": SegmentError,
+    "SHM_LAYOUT_TOO_BIG": SegmentError,
+    "SHM_BAD_ARGUMENT": ValueError,
+}
 
 
 def _path(name: str) -> str:
@@ -37,6 +70,51 @@ def test_compiled_module_imports() -> None:
     assert lib.shm_fetch_add(word, 3) == 7
     assert lib.shm_load_acquire(word) == 10
     assert lib.shm_ring_header_size() == 512
+
+
+def test_check_rc_maps_every_c_status_to_its_class() -> None:
+    statuses = ffi.typeof("enum shm_status").relements  # read from the cdef header
+    errors = {name: code for name, code in statuses.items() if code < 0}
+    assert set(errors) == set(RAISES)  # a new code needs its class here and in check_rc
+    assert len(set(errors.values())) == len(errors)  # one meaning per value
+    for name, code in errors.items():
+        assert getattr(lib, name) == code
+        with pytest.raises(RAISES[name]) as caught:
+            check_rc(code, "doing this to that")
+        assert type(caught.value) is RAISES[name], name
+        assert str(caught.value).startswith("doing this to that: "), name
+    assert check_rc(lib.SHM_OK, "x") == 0
+    assert check_rc(lib.SHM_WAKE, "x") == 1
+    assert check_rc(4096, "a count") == 4096
+    with pytest.raises(ShmError, match="unknown status -99"):
+        check_rc(-99, "x")
+
+
+def test_objects_and_unlink_objects_take_segments_and_semaphores_under_a_prefix(
+    shm_prefix: str,
+) -> None:
+    root = shm_name(shm_prefix)
+    seg = Segment.create(shm_name(shm_prefix, "a", "seg"), HEADER_SIZE)
+    bell = Doorbell(shm_name(shm_prefix, "a", "bell"), create=True)
+    beside = Segment.create(shm_name(shm_prefix + "b", "seg"), HEADER_SIZE)  # not under "a."
+    assert (SHM_DIR / ("sem." + bell.name[1:])).exists()  # semaphores live as sem.<name>
+    assert objects(root + ".a.") == sorted([seg.name, bell.name])
+    assert objects(root) == sorted([seg.name, bell.name, beside.name])
+    assert objects(root + ".nothing") == []
+    assert unlink_objects(root + ".a.") == sorted([seg.name, bell.name])
+    assert objects(root) == [beside.name]
+    with pytest.raises(SegmentNotFoundError):
+        Segment.open(seg.name)
+    with pytest.raises(SegmentNotFoundError):
+        Doorbell(bell.name)
+    bell.ring()  # handles opened before the unlink stay valid
+    assert bell.wait(0)
+    assert unlink_objects(root + ".a.") == []  # gone already: nothing to do, no error
+    assert unlink_objects(root) == [beside.name]
+    with pytest.raises(ValueError, match="POSIX name"):
+        objects("rte.no.slash")
+    for handle in (seg, bell, beside):
+        handle.close()
 
 
 def test_create_open_round_trip_mode_0600_and_fully_backed(shm_prefix: str) -> None:

@@ -15,10 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from daemon_harness import DaemonProcess  # noqa: E402
+from daemon_harness import DaemonProcess, mapped_file, slab_file  # noqa: E402
 
 from rte import Action, ComposedEngine, ResultKind  # noqa: E402
-from rte.daemon import remove_leftovers  # noqa: E402
+from rte.ipc.names import DaemonNames  # noqa: E402
 from rte.lanes import Lane  # noqa: E402
 from rte.models import load_model  # noqa: E402
 from rte.models.world import TorchWorldModel  # noqa: E402
@@ -140,21 +140,20 @@ def torch_daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     d = DaemonProcess(shm_prefix, "--model", "torch", "--max-sessions", "2")
     yield d
     assert d.stop() == 0, d.stderr
-    remove_leftovers(shm_prefix)
+    DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_the_daemon_serves_it_and_chunks_are_the_slab_memory(torch_daemon: DaemonProcess) -> None:
     with torch_daemon.client(timeout=60) as client:
         assert client.manifest.model == "torch"
         client.attach("w", {"prompt": "a torch world"})
-        low = client._slab_segment.address
         got = []
         while len(got) < 5:
             chunk = client.poll(timeout=30)
             assert chunk is not None
             with chunk:
                 address = chunk.latent.__array_interface__["data"][0]
-                assert low <= address < low + client._slab_segment.size
+                assert mapped_file(address) == slab_file(torch_daemon.name)
                 got.append(chunk.chunk)
         assert got == list(range(5))
 

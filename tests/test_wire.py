@@ -10,17 +10,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from rte import Act, Action, Attach, Detach, Notice, NoticeKind, Reset
 from rte.conditioning import conditioning_equal
-from rte.wire import (
+from rte.errors import WireError
+from rte.ipc.values import decode_value, encode_value
+from rte.ipc.wire import (
+    HEADER,
+    MAX_SESSION_BYTES,
+    Bye,
+    ChunkEncoder,
     ChunkRef,
     RecordType,
-    WireError,
-    decode,
-    decode_value,
-    encode,
-    encode_chunk,
-    encode_value,
+    decode_reply,
+    decode_request,
+    describe,
+    encode_notice,
+    encode_request,
+    request_seq,
 )
+from shm import SlotRef
+
+
+def raw(kind: int, session: str, body: bytes = b"", seq: int = 0) -> bytes:
+    name = session.encode()
+    return HEADER.pack(kind, 0, len(name), seq) + name + body
+
 
 leaves = st.one_of(
     st.none(),
@@ -59,7 +73,7 @@ def test_values_round_trip_exactly(value: object) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_decode_or_raise_wire_error(data: bytes) -> None:
-    for decoder in (decode, decode_value):
+    for decoder in (decode_request, decode_reply, decode_value):
         with contextlib.suppress(WireError):
             decoder(data)
 
@@ -76,18 +90,48 @@ def test_truncated_or_flipped_values_never_crash(value: object, data: st.DataObj
             decode_value(candidate)
 
 
-def test_records_round_trip() -> None:
-    record = decode(encode(RecordType.ACT, "s1", 7, body=encode_value({"move": (1, 2)})))
-    assert (record.type, record.session, record.seq, record.value) == (
-        RecordType.ACT,
-        "s1",
-        7,
-        {"move": (1, 2)},
-    )
-    ref = ChunkRef(5, 3, 9, "uint8", (64, 64, 3), 10, 20)
-    assert decode(encode_chunk("s1", ref)).chunk == ref
-    assert decode(encode(RecordType.RESET, "s")).value is None
-    assert decode(encode(RecordType.ATTACH, "s")).value == {}
+def test_requests_round_trip() -> None:
+    for request in (
+        Attach("s1", {"prompt": "p"}, 3),
+        Act("s1", Action({"move": (1, 2)}), 7),
+        Detach("s1", seq=8),
+        Reset("s1", None, 9),
+        Reset("s1", {"prompt": "q"}, 10),
+        Bye(),
+    ):
+        assert decode_request(encode_request(request)) == request
+    assert request_seq(encode_request(Detach("s", seq=12))) == 12
+    assert request_seq(b"\x01") == 0
+
+
+def test_replies_round_trip_and_notice_kinds_are_one_to_one() -> None:
+    for kind in NoticeKind:  # DROPPED stays DROPPED
+        notice = Notice("s", kind, f"{kind.name} happened", 4)
+        assert decode_reply(encode_notice(notice, 4096)) == notice
+    ref = ChunkRef("s1", 5, 3, 9, "uint8", (64, 64, 3), 10, 20)
+    record = ChunkEncoder("uint8", (64, 64, 3))("s1", 5, SlotRef(3, 9, 0), 10, 20)
+    assert decode_reply(record) == ref
+    assert "CHUNK 's1' chunk=5 slot=3" in describe(record)
+    assert "undecodable" in describe(b"\xff")
+
+
+def test_an_answer_that_would_not_fit_is_cut_and_says_so() -> None:
+    notice = Notice("s", NoticeKind.ERROR, "x" * 100_000, 5)
+    record = encode_notice(notice, 1024)
+    assert len(record) <= 1024
+    back = decode_reply(record)
+    assert isinstance(back, Notice) and back.seq == 5 and back.session == "s"
+    assert back.message.endswith("[truncated]")
+    huge = Notice("é" * 40_000, NoticeKind.ERROR, "ü" * 10_000, 6)  # cut inside a character
+    back = decode_reply(encode_notice(huge, 2048))
+    assert isinstance(back, Notice) and back.seq == 6 and back.session == ""
+
+
+def test_a_session_id_too_long_to_answer_is_refused_before_it_is_sent() -> None:
+    with pytest.raises(WireError, match="longer than"):
+        encode_request(Detach("s" * (MAX_SESSION_BYTES + 1)))
+    with pytest.raises(WireError, match="longer than"):
+        decode_request(raw(RecordType.DETACH, "s" * (MAX_SESSION_BYTES + 1)))
 
 
 @pytest.mark.parametrize(
@@ -96,13 +140,14 @@ def test_records_round_trip() -> None:
         (b"", "shorter than a header"),
         (bytes([99, 0, 0, 0, 0, 0, 0, 0]), "unknown record type 99"),
         (bytes([1, 0, 50, 0, 0, 0, 0, 0]) + b"abc", "runs past the end"),
-        (encode(RecordType.ATTACH, "s", body=encode_value([1])), "must be a mapping"),
-        (encode(RecordType.DETACH, "s", body=b"xx"), "takes no body"),
+        (raw(RecordType.ATTACH, "s", encode_value([1])), "must be a mapping"),
+        (raw(RecordType.DETACH, "s", b"xx"), "takes no body"),
+        (raw(RecordType.CHUNK, "s"), "cannot send CHUNK"),
     ],
 )
 def test_malformed_records_say_what_is_wrong(data: bytes, match: str) -> None:
     with pytest.raises(WireError, match=match):
-        decode(data)
+        decode_request(data)
 
 
 def test_hostile_values_are_bounded() -> None:

@@ -1,1 +1,1 @@
-"""rte's tools: benchmarks (``rte bench-*``) and, later, the debug tool."""
+"""rte's tools, run from a checkout (never installed): benchmarks and the GPU check."""

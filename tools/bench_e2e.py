@@ -28,10 +28,10 @@ import time
 import uuid
 from typing import Any
 
-from rte.client import Client, connect
+from rte.client import EngineClient, connect
 from rte.composed import ComposedEngine
 from rte.contract import Action, StepResult
-from rte.daemon import remove_leftovers
+from rte.ipc.names import DaemonNames
 from rte.models.null import NullModel, tag_of
 from tools.report import percentiles_us, print_json, print_table
 
@@ -83,10 +83,10 @@ class _Daemon:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-        remove_leftovers(self.name)
+        DaemonNames(self.name).remove_leftovers()
 
 
-def _drain_until(client: Client, session: str, tag: int) -> int:
+def _drain_until(client: EngineClient, session: str, tag: int) -> int:
     while True:
         chunk = client.poll(timeout=10)
         if chunk is None:

@@ -11,9 +11,10 @@ claim; absolute times drift with the machine and its load):
 2. Throughput of 64-byte records through the other process and back,
    pipelined (records/s).
 3. Handing a latent (64 KiB to 32 MiB) to another process until it holds
-   a usable NumPy array and says so: the rte slab (publish, a 24-byte message,
-   a read-only view in place) against ``multiprocessing.Queue``, ``Pipe`` and
-   pyzmq (zero-copy sends where they offer them).
+   a usable NumPy array and says so: the rte slab (a loan published, its
+   reference in a 32-byte message, a read-only sample in place) against
+   ``multiprocessing.Queue``, ``Pipe`` and pyzmq (zero-copy sends where they
+   offer them).
 
     python -m tools.bench_transport [--json] [--quick]
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from shm import Doorbell, Ring, Segment, Slab, shm_name
+from shm import Doorbell, Ring, Segment, Slab, SlotRef, shm_name
 from shm.native import lib
 from shm.segment import HEADER_SIZE
 from tools.report import percentiles_us, print_json, print_table
@@ -42,7 +43,7 @@ RING_CAPACITY = 1 << 16
 SMALL = 64
 LATENT_SIZES = [64 << 10, 1 << 20, 8 << 20, 32 << 20]
 SPIN_NS = 10_000_000
-SLOT = struct.Struct("<QQQ")  # slot, generation, nbytes: the whole slab message
+SLOT = struct.Struct("<QQQQ")  # slot, generation, owner, nbytes: the whole slab message
 
 zmq: Any
 try:
@@ -107,11 +108,10 @@ def _server(kind: str, spec: dict[str, Any], endpoints: Any) -> None:
         elif kind == "slab":
             rx, tx = rig.ring(0, "spin-then-block"), rig.ring(1, "spin-then-block")
             for _ in range(n):
-                slot, generation, nbytes = SLOT.unpack(rx.pop(timeout=60))
-                view = rig.slab.view(slot, generation, np.uint8, (nbytes,))
-                assert view[0] == 7
-                del view
-                rig.slab.release(slot, generation, 1)
+                slot, generation, owner, nbytes = SLOT.unpack(rx.pop(timeout=60))
+                ref = SlotRef(slot, generation, owner)
+                with rig.slab.receive(ref, np.uint8, (nbytes,)) as sample:
+                    assert sample.array[0] == 7
                 tx.push(b"ack", timeout=60)
         else:
             policy = kind.removeprefix("ring-")
@@ -239,16 +239,16 @@ def _exchange(peer: _Peer, size: int, latent: bool) -> Callable[[int], int]:
         # The engine writes each latent once, straight into its slot; that write is
         # not the transport's, so it happens here, before timing, once per slot
         # (an aborted slot keeps its bytes). The other peers start from a ready array.
-        leases = [slab.acquire(1) for _ in range(slab.slots)]
-        for lease in leases:
-            slab.writable(lease, np.uint8, (size,))[:] = payload
-            slab.abort(lease)
+        loans = [slab.loan(1, np.uint8, (size,)) for _ in range(slab.slots)]
+        for loan in loans:
+            loan.array[:] = payload
+            loan.abort()
 
         def handoff(_: int) -> int:
-            lease = slab.acquire(1)
+            loan = slab.loan(1, np.uint8, (size,))
             t0 = time.perf_counter_ns()
-            slab.publish(lease)
-            tx.push(SLOT.pack(lease.slot, lease.generation, size), timeout=60)
+            ref = loan.publish()
+            tx.push(SLOT.pack(*ref, size), timeout=60)
             rx.pop(timeout=60)
             return time.perf_counter_ns() - t0
 

@@ -95,13 +95,13 @@ def copy_bandwidth(torch: Any, nbytes: int = 64 << 20, repeat: int = 20) -> dict
     try:
         slab = Slab.create(segment, HEADER_SIZE, slots=1, slot_bytes=nbytes, max_owners=1)
         pinned = slab.pin()
-        lease = slab.acquire(0)
-        target = torch.from_numpy(slab.writable(lease, np.uint8, (nbytes,)))
-        pageable = torch.from_numpy(np.empty(nbytes, np.uint8))
-        source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        sync = torch.cuda.synchronize
-        slab_s = _timed(lambda: target.copy_(source, non_blocking=True), repeat, sync)
-        page_s = _timed(lambda: pageable.copy_(source, non_blocking=True), repeat, sync)
+        with slab.loan(0, np.uint8, (nbytes,)) as loan:  # never published: aborted on leaving
+            target = torch.from_numpy(loan.array)
+            pageable = torch.from_numpy(np.empty(nbytes, np.uint8))
+            source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            sync = torch.cuda.synchronize
+            slab_s = _timed(lambda: target.copy_(source, non_blocking=True), repeat, sync)
+            page_s = _timed(lambda: pageable.copy_(source, non_blocking=True), repeat, sync)
         slab.unpin()
         return {
             "bytes": nbytes,

@@ -10,9 +10,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from rte.composed import StageModel
 from rte.models.null import NullModel
 from rte.models.reference import ReferenceModel
+from rte.stages import StageModel
 
 SHORT_NAMES: dict[str, str] = {
     "reference": "rte.models.reference:ReferenceModel",

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from rte.composed import Batch, Stage, StageModel
 from rte.contract import Manifest
 from rte.lanes import Lane
+from rte.stages import Batch, Stage, StageModel
 
 MAX_MOVE = 1 << 20
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from rte.composed import Batch
 from rte.models.prompt_move import PromptMoveModel
+from rte.stages import Batch
 
 
 def _digest(text: str) -> int:

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rte.composed import Batch
 from rte.models.prompt_move import PromptMoveModel
+from rte.stages import Batch
 
 GRID = 4
 TOKENS = GRID * GRID

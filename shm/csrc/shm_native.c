@@ -113,7 +113,7 @@ uint64_t shm_ring_max_payload(uint64_t capacity) { return capacity / 2 - RECORD_
 
 int shm_ring_init(void *ring, uint64_t capacity) {
     ring_t *r = (ring_t *)ring;
-    if (capacity < 64 || (capacity & (capacity - 1)) != 0) return -1;
+    if (capacity < 64 || (capacity & (capacity - 1)) != 0) return SHM_BAD_ARGUMENT;
     memset(r, 0, sizeof(ring_t));
     r->capacity = capacity;
     r->mask = capacity - 1;
@@ -121,28 +121,32 @@ int shm_ring_init(void *ring, uint64_t capacity) {
     /* release: the fields above are visible before anyone sees the magic;
        pairs with the acquire in shm_ring_check */
     __atomic_store_n(&r->magic, RING_MAGIC, __ATOMIC_RELEASE);
-    return 0;
+    return SHM_OK;
 }
 
+/* The ring's capacity, or SHM_LAYOUT_MISSING / _DAMAGED / _TOO_BIG. */
 int64_t shm_ring_check(void *ring, uint64_t region_size) {
     ring_t *r = (ring_t *)ring;
-    if (region_size < sizeof(ring_t)) return -1;
-    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != RING_MAGIC) return -1;
+    if (region_size < sizeof(ring_t)) return SHM_LAYOUT_MISSING;
+    /* acquire of the magic, pairs with the release in init: the fields below
+       are the ones init wrote */
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != RING_MAGIC) return SHM_LAYOUT_MISSING;
     uint64_t cap = r->capacity;
-    if (cap < 64 || (cap & (cap - 1)) != 0 || r->mask != cap - 1) return -2;
-    if (r->max_payload != shm_ring_max_payload(cap)) return -2;
-    if (sizeof(ring_t) + cap > region_size) return -3;
+    if (cap < 64 || (cap & (cap - 1)) != 0 || r->mask != cap - 1) return SHM_LAYOUT_DAMAGED;
+    if (r->max_payload != shm_ring_max_payload(cap)) return SHM_LAYOUT_DAMAGED;
+    if (sizeof(ring_t) + cap > region_size) return SHM_LAYOUT_TOO_BIG;
     return (int64_t)cap;
 }
 
-/* Returns 0 when pushed, 1 when pushed and the consumer sleeps (ring its
-   doorbell), -1 when full, -2 when the record is larger than max_payload. */
+/* Returns SHM_OK when pushed, SHM_WAKE when pushed and the consumer sleeps
+   (ring its doorbell), SHM_RING_FULL, or SHM_RING_TOO_LARGE when the record is
+   larger than max_payload. */
 int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
     ring_t *r = (ring_t *)ring;
     const uint64_t cap = r->capacity;
     if (len > r->max_payload) {
         bump(&r->oversized, 1);
-        return -2;
+        return SHM_RING_TOO_LARGE;
     }
     const uint64_t need = RECORD_HEADER + align8(len);
     const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_RELAXED); /* ours alone */
@@ -154,7 +158,7 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
     const uint64_t total = contiguous < need ? contiguous + need : need;
     if (cap - (head - tail) < total) {
         if (count_full) bump(&r->full_events, 1);
-        return -1;
+        return SHM_RING_FULL;
     }
     uint64_t at = head;
     if (contiguous < need) {
@@ -180,43 +184,43 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
    with prepare_sleep: our publishing store, then a full fence, then the load of
    the flag; the consumer stores the flag, fences, then re-checks. At least one
    of us sees the other, so a wake-up is never lost. Clearing the flag makes one
-   sleep get one post. */
+   sleep get one post. Returns SHM_WAKE (ring it) or SHM_OK. */
 int shm_ring_wake(void *ring) {
     ring_t *r = (ring_t *)ring;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with the fence in prepare_sleep */
     if (__atomic_load_n(&r->sleeping, __ATOMIC_RELAXED) &&
         __atomic_exchange_n(&r->sleeping, 0, __ATOMIC_ACQ_REL)) {
         bump(&r->wakeups, 1);
-        return 1;
+        return SHM_WAKE;
     }
-    return 0;
+    return SHM_OK;
 }
 
 /* The record at `tail`, skipping a wrap marker. Returns its payload length and
-   sets *at to the record's position, or -1 when empty, -3 when the bytes are
-   not a valid record (the ring was written by something other than push). */
+   sets *at to the record's position, or SHM_RING_EMPTY, or SHM_RING_CORRUPT
+   when the bytes are not a valid record (something other than push wrote them). */
 static int64_t ring_next(ring_t *r, uint64_t tail, uint64_t head, uint64_t *at) {
-    if (tail == head) return -1;
+    if (tail == head) return SHM_RING_EMPTY;
     uint64_t pos = tail & r->mask;
     uint64_t len = *(const uint64_t *)(ring_data(r) + pos);
     if (len == WRAP_MARK) {
         tail += r->capacity - pos;
-        if (tail >= head) return -3;
+        if (tail >= head) return SHM_RING_CORRUPT;
         pos = 0;
         len = *(const uint64_t *)ring_data(r);
     }
-    if (len > r->max_payload || tail + RECORD_HEADER + align8(len) > head) return -3;
+    if (len > r->max_payload || tail + RECORD_HEADER + align8(len) > head) return SHM_RING_CORRUPT;
     *at = tail;
     return (int64_t)len;
 }
 
 static int64_t ring_fail(ring_t *r, int64_t code) {
-    if (code == -3) bump(&r->corrupt, 1);
+    if (code == SHM_RING_CORRUPT) bump(&r->corrupt, 1);
     return code;
 }
 
-/* Returns the payload length, -1 when empty, -2 when out_cap is too small (the
-   record stays), -3 when corrupt (nothing is consumed). */
+/* Returns the payload length, SHM_RING_EMPTY, SHM_RING_SHORT_BUFFER when out_cap
+   is too small (the record stays), or SHM_RING_CORRUPT (nothing is consumed). */
 int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
     ring_t *r = (ring_t *)ring;
     const uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED); /* ours alone */
@@ -225,7 +229,7 @@ int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
     uint64_t at;
     int64_t len = ring_next(r, tail, head, &at);
     if (len < 0) return ring_fail(r, len);
-    if ((uint64_t)len > out_cap) return -2;
+    if ((uint64_t)len > out_cap) return SHM_RING_SHORT_BUFFER;
     memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
     /* release of tail, pairs with the acquire in push: our reads of the
        record are done before the producer may overwrite it */
@@ -236,24 +240,26 @@ int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
 }
 
 /* Drains up to max_n records into `out`, packed back to back, their lengths in
-   `lens`; publishes the tail once. Returns the count (0 when empty), or -2 /
-   -3 as pop when not even the first record could be taken. */
+   `lens`; publishes the tail once. Returns the count (0 when empty), or
+   SHM_RING_SHORT_BUFFER / SHM_RING_CORRUPT as pop when not even the first
+   record could be taken. */
 int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *lens,
                            uint64_t max_n) {
     ring_t *r = (ring_t *)ring;
-    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
-    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE); /* pairs with push */
+    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED); /* ours alone */
+    /* acquire of head, pairs with the release in push: the records are whole */
+    const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     uint64_t n = 0, used = 0, bytes = 0;
     while (n < max_n) {
         uint64_t at;
         int64_t len = ring_next(r, tail, head, &at);
-        if (len == -1) break;
+        if (len == SHM_RING_EMPTY) break;
         if (len < 0) {
             if (n == 0) return ring_fail(r, len);
             break; /* hand out what was good; the next call reports the damage */
         }
         if (used + (uint64_t)len > out_cap) {
-            if (n == 0) return -2;
+            if (n == 0) return SHM_RING_SHORT_BUFFER;
             break;
         }
         memcpy((uint8_t *)out + used, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
@@ -263,7 +269,8 @@ int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *le
         tail = at + RECORD_HEADER + align8((uint64_t)len);
     }
     if (n) {
-        __atomic_store_n(&r->tail, tail, __ATOMIC_RELEASE); /* pairs with push */
+        /* release of tail, pairs with the acquire in push (as in pop) */
+        __atomic_store_n(&r->tail, tail, __ATOMIC_RELEASE);
         bump(&r->popped, n);
         bump(&r->bytes_popped, bytes);
     }
@@ -275,6 +282,8 @@ int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *le
    everything read is bounds-checked). Same returns as pop. */
 int64_t shm_ring_peek(void *ring, uint64_t skip, void *out, uint64_t out_cap) {
     ring_t *r = (ring_t *)ring;
+    /* acquires of tail (pairs with pop's release) and head (pairs with push's):
+       a snapshot no newer than what each side has published */
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     for (uint64_t i = 0;; i++) {
@@ -282,7 +291,7 @@ int64_t shm_ring_peek(void *ring, uint64_t skip, void *out, uint64_t out_cap) {
         int64_t len = ring_next(r, tail, head, &at);
         if (len < 0) return len;
         if (i == skip) {
-            if ((uint64_t)len > out_cap) return -2;
+            if ((uint64_t)len > out_cap) return SHM_RING_SHORT_BUFFER;
             memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
             return len;
         }
@@ -301,8 +310,8 @@ uint64_t shm_ring_used(void *ring) {
 /* pop, polling for up to spin_ns while the ring is empty. Same returns. */
 int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin_ns) {
     int64_t n = shm_ring_pop(ring, out, out_cap);
-    if (n != -1 || spin_ns == 0) return n;
-    if (shm_ring_wait_used(ring, spin_ns) == 0) return -1;
+    if (n != SHM_RING_EMPTY || spin_ns == 0) return n;
+    if (shm_ring_wait_used(ring, spin_ns) == 0) return SHM_RING_EMPTY;
     return shm_ring_pop(ring, out, out_cap);
 }
 
@@ -346,17 +355,24 @@ void shm_ring_reset(void *ring) {
     __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELEASE);
 }
 
-/* capacity, head, tail, pushed, popped, bytes_pushed, bytes_popped,
-   full_events, high_water, oversized, corrupt, wakeups, sleeping */
-void shm_ring_stats(void *ring, uint64_t *out) {
-    ring_t *r = (ring_t *)ring;
-    const uint64_t *fields[] = {&r->capacity,     &r->head,        &r->tail,
-                                &r->pushed,       &r->popped,      &r->bytes_pushed,
-                                &r->bytes_popped, &r->full_events, &r->high_water,
-                                &r->oversized,    &r->corrupt,     &r->wakeups,
-                                &r->sleeping};
-    for (unsigned i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-        out[i] = __atomic_load_n(fields[i], __ATOMIC_RELAXED);
+/* A snapshot of the counters. Relaxed loads: each is untorn, and an inspector
+   needs no ordering between them (a live ring moves while it reads). */
+#define LOAD(from, field) out->field = __atomic_load_n(&(from)->field, __ATOMIC_RELAXED)
+void shm_ring_stats(void *ring, shm_ring_stats_t *out) {
+    const ring_t *r = (const ring_t *)ring;
+    LOAD(r, capacity);
+    LOAD(r, head);
+    LOAD(r, tail);
+    LOAD(r, pushed);
+    LOAD(r, popped);
+    LOAD(r, bytes_pushed);
+    LOAD(r, bytes_popped);
+    LOAD(r, full_events);
+    LOAD(r, high_water);
+    LOAD(r, oversized);
+    LOAD(r, corrupt);
+    LOAD(r, wakeups);
+    LOAD(r, sleeping);
 }
 
 /* -- slab ------------------------------------------------------------------
@@ -366,12 +382,6 @@ void shm_ring_stats(void *ring, uint64_t *out) {
  * generation check are one compare-and-swap: a release with a stale generation
  * can never free a slot that has since been reused.
  */
-
-enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
-
-/* Slab return codes: one meaning each, so Python maps them in one place
-   (shm/slab.py, _raise). */
-enum { SLAB_FULL = -1, SLAB_QUOTA = -2, SLAB_FOREIGN = -3, SLAB_RANGE = -4, SLAB_STALE = -5 };
 
 typedef struct {
     uint64_t magic, slots, max_owners, slot_size, quota, hint;
@@ -400,7 +410,7 @@ uint64_t shm_slab_meta_size(uint64_t slots, uint64_t max_owners) {
 int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot_size,
                   uint64_t quota) {
     slab_t *s = (slab_t *)meta;
-    if (slots == 0 || max_owners == 0 || slot_size == 0) return -1;
+    if (slots == 0 || max_owners == 0 || slot_size == 0) return SHM_BAD_ARGUMENT;
     memset(s, 0, shm_slab_meta_size(slots, max_owners));
     s->slots = slots;
     s->max_owners = max_owners;
@@ -408,17 +418,19 @@ int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot
     s->quota = quota ? quota : slots;
     /* release: layout visible before the magic; pairs with shm_slab_check */
     __atomic_store_n(&s->magic, SLAB_MAGIC, __ATOMIC_RELEASE);
-    return 0;
+    return SHM_OK;
 }
 
+/* The slab's slot count, or SHM_LAYOUT_MISSING / _DAMAGED / _TOO_BIG. */
 int64_t shm_slab_check(void *meta, uint64_t region_size) {
     slab_t *s = (slab_t *)meta;
-    if (region_size < sizeof(slab_t)) return -1;
-    if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SLAB_MAGIC) return -1;
-    if (s->slots == 0 || s->max_owners == 0 || s->slots > (1ULL << 32) ||
+    if (region_size < sizeof(slab_t)) return SHM_LAYOUT_MISSING;
+    /* acquire of the magic, pairs with the release in init */
+    if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SLAB_MAGIC) return SHM_LAYOUT_MISSING;
+    if (s->slots == 0 || s->max_owners == 0 || s->slot_size == 0 || s->slots > (1ULL << 32) ||
         s->max_owners > (1ULL << 20))
-        return -2;
-    if (shm_slab_meta_size(s->slots, s->max_owners) > region_size) return -3;
+        return SHM_LAYOUT_DAMAGED;
+    if (shm_slab_meta_size(s->slots, s->max_owners) > region_size) return SHM_LAYOUT_TOO_BIG;
     return (int64_t)s->slots;
 }
 
@@ -427,17 +439,17 @@ static void slab_unhold(slab_t *s, uint64_t owner) {
     __atomic_fetch_sub(&s->held, 1, __ATOMIC_RELAXED);
 }
 
-/* Takes a free slot for `owner` (FREE -> WRITING). Returns its index and its
-   generation, -1 when no slot is free, -2 when the owner holds its quota, -4
-   for an owner out of range. */
+/* Takes a free slot for `owner` (FREE -> WRITING). Returns its index and sets
+   *generation, or SHM_SLAB_FULL when no slot is free, SHM_SLAB_QUOTA when the
+   owner holds its quota, SHM_SLAB_RANGE for an owner out of range. */
 int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *generation) {
     slab_t *s = (slab_t *)meta;
-    if (owner >= s->max_owners) return -4;
+    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
     uint64_t *held = &slab_held(s)[owner];
     if (__atomic_fetch_add(held, 1, __ATOMIC_ACQ_REL) >= s->quota) {
         __atomic_fetch_sub(held, 1, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&s->quota_refused, 1, __ATOMIC_RELAXED);
-        return -2;
+        return SHM_SLAB_QUOTA;
     }
     slot_t *slots = slab_slots(s);
     const uint64_t n = s->slots;
@@ -445,9 +457,9 @@ int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *
     for (uint64_t k = 0; k < n; k++) {
         const uint64_t i = (start + k) % n;
         uint64_t word = __atomic_load_n(&slots[i].word, __ATOMIC_ACQUIRE);
-        if ((word & 3) != SLOT_FREE) continue;
+        if ((word & 3) != SHM_SLOT_FREE) continue;
         /* acq_rel CAS: takes the slot; pairs with the release/CAS that freed it */
-        if (!__atomic_compare_exchange_n(&slots[i].word, &word, (word & ~3ULL) | SLOT_WRITING, 0,
+        if (!__atomic_compare_exchange_n(&slots[i].word, &word, (word & ~3ULL) | SHM_SLOT_WRITING, 0,
                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;
         __atomic_store_n(&slots[i].owner, owner, __ATOMIC_RELAXED);
@@ -462,23 +474,24 @@ int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *
     }
     __atomic_fetch_sub(held, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(&s->full_events, 1, __ATOMIC_RELAXED);
-    return -1;
+    return SHM_SLAB_FULL;
 }
 
 static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t from, uint64_t to) {
-    if (slot >= s->slots) return -4;
+    if (slot >= s->slots) return SHM_SLAB_RANGE;
     uint64_t expected = (generation << 2) | from;
     /* the release half publishes the slot's bytes (WRITING -> READY) or hands
        the slot back (-> FREE); pairs with the acquire in acquire/slot */
     if (__atomic_compare_exchange_n(&slab_slots(s)[slot].word, &expected, to, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE))
-        return 0;
+        return SHM_OK;
     __atomic_fetch_add(&s->stale_refused, 1, __ATOMIC_RELAXED);
-    return SLAB_STALE;
+    return SHM_SLAB_STALE;
 }
 
+/* WRITING -> READY at the same generation. SHM_OK, SHM_SLAB_STALE or _RANGE. */
 int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation) {
-    return slab_move((slab_t *)meta, slot, generation, SLOT_WRITING, (generation << 2) | SLOT_READY);
+    return slab_move((slab_t *)meta, slot, generation, SHM_SLOT_WRITING, (generation << 2) | SHM_SLOT_READY);
 }
 
 /* 1 when the slot is published at `generation` (acquire: its bytes are
@@ -487,50 +500,55 @@ int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation) {
     slab_t *s = (slab_t *)meta;
     if (slot >= s->slots) return 0;
     return __atomic_load_n(&slab_slots(s)[slot].word, __ATOMIC_ACQUIRE) ==
-           ((generation << 2) | SLOT_READY);
+           ((generation << 2) | SHM_SLOT_READY);
 }
 
-/* READY -> FREE with the next generation. SLAB_STALE, or SLAB_FOREIGN for
-   another owner's slot. */
+/* READY -> FREE with the next generation. SHM_OK, SHM_SLAB_STALE,
+   SHM_SLAB_FOREIGN for another owner's slot, or SHM_SLAB_RANGE. */
 int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner) {
     slab_t *s = (slab_t *)meta;
-    if (slot >= s->slots || owner >= s->max_owners) return -4;
+    if (slot >= s->slots || owner >= s->max_owners) return SHM_SLAB_RANGE;
+    /* this generation's owner was stored before publish's release, which the
+       reader's acquire in is_ready saw; had the slot been reused since, the
+       generation in slab_move's CAS refuses the release */
     if (__atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE) != owner) {
         __atomic_fetch_add(&s->foreign_refused, 1, __ATOMIC_RELAXED);
-        return -3;
+        return SHM_SLAB_FOREIGN;
     }
-    int rc = slab_move(s, slot, generation, SLOT_READY, ((generation + 1) << 2) | SLOT_FREE);
-    if (rc == 0) {
+    int rc = slab_move(s, slot, generation, SHM_SLOT_READY, ((generation + 1) << 2) | SHM_SLOT_FREE);
+    if (rc == SHM_OK) {
         slab_unhold(s, owner);
         __atomic_fetch_add(&s->released, 1, __ATOMIC_RELAXED);
     }
     return rc;
 }
 
-/* WRITING -> FREE: the writer gives up a slot it never published. */
+/* WRITING -> FREE: the writer gives up a slot it never published. SHM_OK,
+   SHM_SLAB_STALE or SHM_SLAB_RANGE. */
 int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation) {
     slab_t *s = (slab_t *)meta;
-    if (slot >= s->slots) return -4;
+    if (slot >= s->slots) return SHM_SLAB_RANGE;
     uint64_t owner = __atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE);
-    int rc = slab_move(s, slot, generation, SLOT_WRITING, ((generation + 1) << 2) | SLOT_FREE);
-    if (rc == 0) {
+    int rc = slab_move(s, slot, generation, SHM_SLOT_WRITING, ((generation + 1) << 2) | SHM_SLOT_FREE);
+    if (rc == SHM_OK) {
         slab_unhold(s, owner);
         __atomic_fetch_add(&s->aborted, 1, __ATOMIC_RELAXED);
     }
     return rc;
 }
 
-/* Frees every slot `owner` holds (a dead client's). Returns how many. */
+/* Frees every slot `owner` holds (a dead client's). Returns how many, or
+   SHM_SLAB_RANGE. */
 int64_t shm_slab_reclaim(void *meta, uint64_t owner) {
     slab_t *s = (slab_t *)meta;
-    if (owner >= s->max_owners) return -4;
+    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
     slot_t *slots = slab_slots(s);
     int64_t n = 0;
     for (uint64_t i = 0; i < s->slots; i++) {
         uint64_t word = __atomic_load_n(&slots[i].word, __ATOMIC_ACQUIRE);
-        while ((word & 3) != SLOT_FREE &&
+        while ((word & 3) != SHM_SLOT_FREE &&
                __atomic_load_n(&slots[i].owner, __ATOMIC_ACQUIRE) == owner) {
-            uint64_t next = (((word >> 2) + 1) << 2) | SLOT_FREE;
+            uint64_t next = (((word >> 2) + 1) << 2) | SHM_SLOT_FREE;
             if (__atomic_compare_exchange_n(&slots[i].word, &word, next, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
                 slab_unhold(s, owner);
@@ -543,30 +561,38 @@ int64_t shm_slab_reclaim(void *meta, uint64_t owner) {
     return n;
 }
 
-/* state, generation, owner, since_ns of one slot */
-void shm_slab_slot(void *meta, uint64_t slot, uint64_t *out) {
+/* One slot's state, generation, owner and since_ns (slot 0's for an index out
+   of range: callers check the index first). */
+void shm_slab_slot(void *meta, uint64_t slot, shm_slot_info_t *out) {
     slab_t *s = (slab_t *)meta;
     slot_t *t = &slab_slots(s)[slot < s->slots ? slot : 0];
-    uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE); /* pairs with slab_move */
-    out[0] = word & 3;
-    out[1] = word >> 2;
-    out[2] = __atomic_load_n(&t->owner, __ATOMIC_RELAXED);
-    out[3] = __atomic_load_n(&t->since_ns, __ATOMIC_RELAXED);
+    /* acquire of the state word, pairs with the release half of slab_move */
+    uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
+    out->state = word & 3;
+    out->generation = word >> 2;
+    out->owner = __atomic_load_n(&t->owner, __ATOMIC_RELAXED);
+    out->since_ns = __atomic_load_n(&t->since_ns, __ATOMIC_RELAXED);
 }
 
-/* slots, max_owners, slot_size, quota, acquired, released, stale_refused,
-   quota_refused, full_events, reclaimed, held, high_water, aborted,
-   foreign_refused */
-void shm_slab_stats(void *meta, uint64_t *out) {
-    slab_t *s = (slab_t *)meta;
-    const uint64_t *fields[] = {&s->slots,         &s->max_owners,  &s->slot_size,
-                                &s->quota,         &s->acquired,    &s->released,
-                                &s->stale_refused, &s->quota_refused, &s->full_events,
-                                &s->reclaimed,     &s->held,        &s->high_water,
-                                &s->aborted,       &s->foreign_refused};
-    for (unsigned i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-        out[i] = __atomic_load_n(fields[i], __ATOMIC_RELAXED);
+/* A snapshot of the slab's counters; relaxed, as shm_ring_stats. */
+void shm_slab_stats(void *meta, shm_slab_stats_t *out) {
+    const slab_t *s = (const slab_t *)meta;
+    LOAD(s, slots);
+    LOAD(s, max_owners);
+    LOAD(s, slot_size);
+    LOAD(s, quota);
+    LOAD(s, acquired);
+    LOAD(s, released);
+    LOAD(s, stale_refused);
+    LOAD(s, quota_refused);
+    LOAD(s, full_events);
+    LOAD(s, reclaimed);
+    LOAD(s, held);
+    LOAD(s, high_water);
+    LOAD(s, aborted);
+    LOAD(s, foreign_refused);
 }
+#undef LOAD
 
 uint64_t shm_slab_held(void *meta, uint64_t owner) {
     slab_t *s = (slab_t *)meta;

@@ -1,10 +1,56 @@
 /* The C part of shm: atomics, the SPSC ring and the slab's slot states.
  *
  * This header is also the cffi cdef (shm/_build.py reads it), so it holds only
- * declarations cffi understands: no macros, no includes, no struct bodies.
- * Layouts live in shm_native.c; Python never touches a ring's head or tail or a
- * slot's state word except through these functions.
+ * what cffi's cdef understands: enums with explicit values, fully defined
+ * structs, and declarations; no macros, no includes (the .c includes
+ * <stdint.h> before it). Everything a caller sees is declared here once:
+ * Python reads the status codes and slot states from `lib` (lib.SHM_RING_FULL)
+ * and the statistics structs field by field, by name. The layouts of a ring and
+ * a slab in shared memory are private to shm_native.c; Python never touches a
+ * ring's head or tail or a slot's state word except through these functions.
  */
+
+/* -- status codes ----------------------------------------------------------
+ * What every function below that can fail returns. Each negative value has one
+ * meaning across the whole module, so shm/errors.py::check_rc maps a code to
+ * its exception class without knowing which call returned it. Functions that
+ * return a count or a length return it as a non-negative value instead. */
+enum shm_status {
+    SHM_OK = 0,
+    SHM_WAKE = 1, /* pushed, and the consumer sleeps: ring its doorbell */
+    SHM_RING_FULL = -1,
+    SHM_RING_EMPTY = -2,
+    SHM_RING_TOO_LARGE = -3, /* a record over max_payload: it can never fit */
+    SHM_RING_CORRUPT = -4,   /* the bytes are not valid records; nothing consumed */
+    SHM_RING_SHORT_BUFFER = -5, /* the caller's buffer is smaller than the record */
+    SHM_SLAB_FULL = -10,
+    SHM_SLAB_QUOTA = -11,
+    SHM_SLAB_FOREIGN = -12, /* a release of another owner's slot */
+    SHM_SLAB_RANGE = -13,   /* a slot or owner index past the slab's */
+    SHM_SLAB_STALE = -14,   /* the slot is not in that state at that generation */
+    SHM_LAYOUT_MISSING = -20, /* no magic there, or the region is too small */
+    SHM_LAYOUT_DAMAGED = -21, /* the magic is there, the header inconsistent */
+    SHM_LAYOUT_TOO_BIG = -22, /* the header says it runs past the region */
+    SHM_BAD_ARGUMENT = -23
+};
+
+/* A slab slot's state: the low two bits of its state word. */
+enum shm_slot_state { SHM_SLOT_FREE = 0, SHM_SLOT_WRITING = 1, SHM_SLOT_READY = 2 };
+
+/* -- statistics: snapshots of the counters kept in shared memory ----------- */
+typedef struct {
+    uint64_t capacity, head, tail, pushed, popped, bytes_pushed, bytes_popped, full_events,
+        high_water, oversized, corrupt, wakeups, sleeping;
+} shm_ring_stats_t;
+
+typedef struct {
+    uint64_t slots, max_owners, slot_size, quota, acquired, released, stale_refused,
+        quota_refused, full_events, reclaimed, held, high_water, aborted, foreign_refused;
+} shm_slab_stats_t;
+
+typedef struct {
+    uint64_t state, generation, owner, since_ns;
+} shm_slot_info_t;
 
 /* -- atomics on 8-byte words in shared memory -- */
 uint64_t shm_load_acquire(const uint64_t *p);
@@ -30,7 +76,7 @@ int shm_ring_prepare_sleep(void *ring);
 int shm_ring_wake(void *ring);
 void shm_ring_end_sleep(void *ring);
 void shm_ring_reset(void *ring);
-void shm_ring_stats(void *ring, uint64_t *out);
+void shm_ring_stats(void *ring, shm_ring_stats_t *out);
 
 /* -- slab: per-slot state word (generation << 2 | state), owner, since -- */
 uint64_t shm_slab_meta_size(uint64_t slots, uint64_t max_owners);
@@ -42,6 +88,6 @@ int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation);
 int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner);
 int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation);
 int64_t shm_slab_reclaim(void *meta, uint64_t owner);
-void shm_slab_slot(void *meta, uint64_t slot, uint64_t *out);
-void shm_slab_stats(void *meta, uint64_t *out);
+void shm_slab_slot(void *meta, uint64_t slot, shm_slot_info_t *out);
+void shm_slab_stats(void *meta, shm_slab_stats_t *out);
 uint64_t shm_slab_held(void *meta, uint64_t owner);

@@ -23,11 +23,24 @@ from typing import Any
 
 import numpy as np
 
-from rte.client import Client, connect
-from rte.daemon import remove_leftovers
-from shm.segment import SHM_DIR
+from rte.client import EngineClient, connect
+from rte.ipc.names import DaemonNames
 
 SHEET_COLUMNS = 8
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="launch a daemon, stream sessions from a client, show rates",
+        description="Launch a daemon, stream sessions from a client process, show rates.",
+    )
+    p.add_argument("--name", help="attach to this running daemon instead of launching one")
+    p.add_argument("--model", default="reference", help="short name or module:factory")
+    p.add_argument("--sessions", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--png", help="write a contact sheet of decoded frames to this PNG file")
+    p.set_defaults(func=demo)
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -51,14 +64,14 @@ def demo(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 daemon.kill()
                 daemon.wait(10)
-                remove_leftovers(name)
-            left = [p.name for p in SHM_DIR.glob(f"*rte.{os.getuid()}.{name}.*")]
+                DaemonNames(name).remove_leftovers()
+            left = DaemonNames(name).leftovers()
             print(f"daemon stopped; left in /dev/shm: {left or 'nothing'}")
     return 0
 
 
 def _stream(
-    client: Client, n: int, seconds: float, want_frames: bool
+    client: EngineClient, n: int, seconds: float, want_frames: bool
 ) -> np.ndarray[Any, Any] | None:
     sessions = [f"session-{i}" for i in range(n)]
     for i, session in enumerate(sessions):

@@ -9,7 +9,13 @@ Every word that two processes write is read and written through the C atomics
 (``shm.native``); the JSON manifest is written once before the state turns
 READY (a release store), so a reader that saw READY reads it whole. Counters
 live here so that a tool can read a live daemon without asking it anything.
-The slab is its own segment (``<name>.slab``).
+The slab is its own segment (see :mod:`rte.ipc.names`).
+
+A reader must not trust the settings before it has seen READY (the segment's
+magic is published before the daemon has written them), so :attr:`Control.layout`
+is read after an acquire of the state word and is checked against the mapping:
+a control segment that claims more clients than it holds is refused, never
+read past its end.
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rte.contract import Manifest
-from shm import Ring, Segment, shm_name
+from shm import Ring, Segment, SegmentError
 from shm.native import lib
 from shm.segment import HEADER_SIZE, PAGE, page_align
 
 KIND_CONTROL = 0x52544531  # "RTE1"
 KIND_SLAB = 0x52544532  # "RTE2"
 MAX_MANIFEST = 3000
+MAX_CLIENTS = 1024
 CLIENT_ENTRY = 128
 
 
@@ -58,12 +65,13 @@ class Counter(enum.IntEnum):
     STEPS = 7
     LAST_ERROR_NS = 8
     FIRST_ERROR_NS = 9
+    NOTICES_DROPPED = 10  # answers lost to a client whose ring and backlog were full
 
 
 N_COUNTERS = 16
 # daemon block word offsets (bytes from the block start)
-_STATE, _HEARTBEAT, _HEARTBEAT_NS, _PID = 0, 8, 16, 24
-_SETTINGS = 64  # max_clients, ring_capacity, slab_slots, quota
+_STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS = 0, 8, 16, 32
+_SETTINGS = 64  # max_clients, ring_capacity
 _COUNTERS = 128
 _MANIFEST = 512
 _CLIENT = struct.Struct("<QQdQQQ")  # state, pid, start, generation, sessions, last_pop_ns
@@ -99,19 +107,6 @@ class Layout:
         return self.inbox(self.max_clients)
 
 
-def names(daemon: str) -> dict[str, str]:
-    """The POSIX names of one daemon's objects (client bells: ``client_bell``)."""
-    return {
-        "control": shm_name(daemon, "ctl"),
-        "slab": shm_name(daemon, "slab"),
-        "bell": shm_name(daemon, "bell"),
-    }
-
-
-def client_bell(daemon: str, client: int) -> str:
-    return shm_name(daemon, f"c{client}")
-
-
 def manifest_to_json(manifest: Manifest) -> bytes:
     return json.dumps(asdict(manifest)).encode()
 
@@ -139,25 +134,44 @@ class Control:
     def __init__(self, segment: Segment) -> None:
         self.segment = segment
         self._words: dict[int, Any] = {}
-        settings = [int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(4)]
-        self.layout = Layout(max_clients=settings[0], ring_capacity=settings[1])
-        self.slab_slots, self.quota = settings[2], settings[3]
+        self._layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """Where the client table and rings lie; SegmentError if the settings
+        are not written yet (the daemon is STARTING) or do not fit the segment."""
+        if self._layout is None:
+            state = self.state  # acquire: pairs with the release of READY in set_state
+            if state is DaemonState.STARTING:
+                raise SegmentError(f"{self.segment.name}: the daemon is still starting")
+            max_clients, capacity = (
+                int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(2)
+            )
+            if not (1 <= max_clients <= MAX_CLIENTS and capacity >= 64):
+                raise SegmentError(f"{self.segment.name}: corrupt settings ({max_clients} clients)")
+            layout = Layout(max_clients, capacity)
+            if layout.size > self.segment.size:
+                raise SegmentError(
+                    f"{self.segment.name}: its settings ({max_clients} clients, rings of "
+                    f"{capacity} B) need {layout.size:,} bytes but it has {self.segment.size:,}"
+                )
+            self._layout = layout
+        return self._layout
 
     @classmethod
-    def initialise(
-        cls, segment: Segment, layout: Layout, slab_slots: int, quota: int, manifest: Manifest
-    ) -> Control:
-        """Write the daemon block of a new segment (state STARTING)."""
+    def initialise(cls, segment: Segment, layout: Layout, manifest: Manifest) -> Control:
+        """Write the daemon block of a new segment (state STARTING); the
+        settings and manifest become visible to readers with READY."""
         block = segment.bytes_at(layout.block, PAGE)
         raw = manifest_to_json(manifest)
         if len(raw) > MAX_MANIFEST:
             raise ValueError(f"manifest of {len(raw)} bytes does not fit in {MAX_MANIFEST}")
-        struct.pack_into(
-            "<QQQQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity, slab_slots, quota
-        )
+        struct.pack_into("<QQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity)
         struct.pack_into("<I", block, _MANIFEST, len(raw))
         block[_MANIFEST + 4 : _MANIFEST + 4 + len(raw)] = raw
-        return cls(segment)
+        control = cls(segment)
+        control._layout = layout
+        return control
 
     def _word(self, offset: int) -> Any:
         word = self._words.get(offset)
@@ -187,6 +201,11 @@ class Control:
     @property
     def heartbeat_age_s(self) -> float:
         return (time.time_ns() - int(lib.shm_load_acquire(self._word(_HEARTBEAT_NS)))) / 1e9
+
+    @property
+    def claims(self) -> int:
+        """Client slots ever claimed: a daemon that sees it change adopts at once."""
+        return int(lib.shm_load_acquire(self._word(_CLAIMS)))
 
     def count(self, counter: Counter, n: int = 1) -> None:
         lib.shm_fetch_add(self._word(_COUNTERS + 8 * counter), n)
@@ -237,6 +256,7 @@ class Control:
                 lib.shm_fetch_add(self._entry(index, 3), 1)  # generation
                 lib.shm_store_release(self._entry(index, 5), time.monotonic_ns())
                 self.set_client_state(index, ClientState.ACTIVE)  # pairs with acquire in client()
+                lib.shm_fetch_add(self._word(_CLAIMS), 1)  # the daemon adopts at its next turn
                 return index
         return None
 

@@ -1,22 +1,12 @@
-"""The wire format between the shm client and the daemon.
+"""The conditioning codec: nested values and NumPy arrays as schema'd bytes.
 
-Hot-path records are fixed binary headers (``struct``), never pickles:
-
-    header   type u8 | notice kind u8 | session length u16 | request seq u32
-    session  utf-8 bytes
-    body     per type (below)
-
-Client to daemon: ATTACH and ACT carry conditioning; RESET an optional one;
-DETACH and BYE nothing. Daemon to client: CHUNK carries where the chunk lies in
-the slab (slot, generation), its index, dtype, shape and timestamps; NOTICE a
-kind and a message.
-
-Conditioning (nested values and NumPy arrays) has its own schema'd binary
-encoding, :func:`encode_value` / :func:`decode_value`: one tag byte per value,
-lengths before contents, arrays as dtype + shape + raw bytes, numeric dtypes
-only. The decoder checks every length against what remains and limits depth,
-so hostile bytes give a :class:`WireError`, never a crash or an unbounded
-allocation. Nothing read from shared memory is ever unpickled.
+Action conditioning (what a client sends with attach, act and reset) is nested
+None/bool/int/float/str/bytes/list/tuple/dict[str, ...] and NumPy arrays. One
+tag byte per value, lengths before contents, arrays as dtype + shape + raw
+bytes, numeric dtypes only. The decoder checks every length against what
+remains and limits depth, so hostile bytes give a :class:`~rte.errors.WireError`,
+never a crash or an unbounded allocation. Nothing read from shared memory is
+ever unpickled.
 """
 
 from __future__ import annotations
@@ -25,154 +15,14 @@ import enum
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rte.errors import RteError
+from rte.errors import WireError
 
-
-class WireError(RteError):
-    """A record or value that does not follow the wire format."""
-
-
-class RecordType(enum.IntEnum):
-    ATTACH = 1
-    ACT = 2
-    DETACH = 3
-    RESET = 4
-    BYE = 5
-    CHUNK = 10
-    NOTICE = 11
-
-
-class NoticeCode(enum.IntEnum):
-    ATTACHED = 1
-    DETACHED = 2
-    REJECTED = 3  # admission refused: backpressure
-    ERROR = 4
-
-
-HEADER = struct.Struct("<BBHI")
-CHUNK = struct.Struct("<QIQqqB")  # chunk, slot, generation, generated_ns, emitted_ns, ndim
 MAX_DEPTH = 32
 MAX_NDIM = 8
-
-
-@dataclass(frozen=True)
-class Record:
-    """One decoded record. ``value`` is the conditioning (ATTACH, ACT, RESET) or
-    the message (NOTICE); ``chunk`` the placement (CHUNK)."""
-
-    type: RecordType
-    session: str
-    seq: int = 0
-    code: int = 0
-    value: Any = None
-    chunk: ChunkRef | None = None
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    chunk: int
-    slot: int
-    generation: int
-    dtype: str
-    shape: tuple[int, ...]
-    generated_ns: int
-    emitted_ns: int
-
-
-def encode(type: RecordType, session: str, seq: int = 0, code: int = 0, body: bytes = b"") -> bytes:
-    name = session.encode()
-    if len(name) > 0xFFFF:
-        raise WireError(f"session id of {len(name)} bytes is longer than 65535")
-    return HEADER.pack(type, code, len(name), seq & 0xFFFFFFFF) + name + body
-
-
-def encode_chunk(session: str, ref: ChunkRef) -> bytes:
-    return ChunkEncoder(ref.dtype, ref.shape)(
-        session, ref.chunk, ref.slot, ref.generation, ref.generated_ns, ref.emitted_ns
-    )
-
-
-class ChunkEncoder:
-    """CHUNK records for one dtype and shape, with the fixed tail packed once."""
-
-    def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
-        raw = dtype.encode()
-        self.ndim = len(shape)
-        self.tail = struct.pack(f"<{len(shape)}Q", *shape) + bytes([len(raw)]) + raw
-
-    def __call__(
-        self, session: str, chunk: int, slot: int, generation: int, generated: int, emitted: int
-    ) -> bytes:
-        name = session.encode()
-        return b"".join(
-            (
-                HEADER.pack(RecordType.CHUNK, 0, len(name), 0),
-                name,
-                CHUNK.pack(chunk, slot, generation, generated, emitted, self.ndim),
-                self.tail,
-            )
-        )
-
-
-def decode(record: bytes) -> Record:
-    """Decode one record; WireError, saying what is wrong, for anything malformed."""
-    if len(record) < HEADER.size:
-        raise WireError(f"record of {len(record)} bytes is shorter than a header")
-    raw_type, code, name_len, seq = HEADER.unpack_from(record)
-    try:
-        kind = RecordType(raw_type)
-    except ValueError:
-        raise WireError(f"unknown record type {raw_type}") from None
-    body_at = HEADER.size + name_len
-    if body_at > len(record):
-        raise WireError("session id runs past the end of the record")
-    try:
-        session = record[HEADER.size : body_at].decode()
-    except UnicodeDecodeError:
-        raise WireError("session id is not valid utf-8") from None
-    body = memoryview(record)[body_at:]
-    if kind in (RecordType.ATTACH, RecordType.ACT, RecordType.RESET):
-        value = decode_value(body) if len(body) else None
-        if value is not None and not isinstance(value, dict):
-            raise WireError(f"conditioning must be a mapping, got {type(value).__name__}")
-        if kind is not RecordType.RESET and value is None:
-            value = {}
-        return Record(kind, session, seq, code, value)
-    if kind is RecordType.NOTICE:
-        try:
-            return Record(kind, session, seq, code, bytes(body).decode())
-        except UnicodeDecodeError:
-            raise WireError("notice message is not valid utf-8") from None
-    if kind is RecordType.CHUNK:
-        return Record(kind, session, seq, code, chunk=_decode_chunk(body))
-    if len(body):
-        raise WireError(f"{kind.name} takes no body, got {len(body)} bytes")
-    return Record(kind, session, seq, code)
-
-
-def _decode_chunk(body: memoryview) -> ChunkRef:
-    if len(body) < CHUNK.size:
-        raise WireError("CHUNK body is too short")
-    chunk, slot, generation, generated, emitted, ndim = CHUNK.unpack_from(body)
-    if ndim > MAX_NDIM:
-        raise WireError(f"CHUNK has {ndim} dimensions (at most {MAX_NDIM})")
-    at = CHUNK.size + 8 * ndim
-    if at + 1 > len(body):
-        raise WireError("CHUNK shape runs past the end of the record")
-    shape = struct.unpack_from(f"<{ndim}Q", body, CHUNK.size)
-    dtype_len = body[at]
-    if at + 1 + dtype_len != len(body):
-        raise WireError("CHUNK dtype length does not match the record")
-    dtype = bytes(body[at + 1 :]).decode("ascii", "replace")
-    return ChunkRef(chunk, slot, generation, dtype, tuple(shape), generated, emitted)
-
-
-# -- conditioning values -------------------------------------------------------
 
 
 class _Tag(enum.IntEnum):

@@ -1,0 +1,180 @@
+"""``rte inspect``: read live daemons' rings, slab and counters, and print them.
+
+    rte inspect                  every daemon of this user: alive or dead, load
+    rte inspect NAME             manifest, clients and their rings, slab, counters
+    rte inspect NAME --watch     the same, refreshed in place, with rates
+    rte inspect NAME --json      for scripts (so does the listing: rte inspect --json)
+    rte inspect NAME --ring 0    the records waiting in client 0's rings, decoded
+    rte inspect NAME --remove    unlink what a dead daemon left in /dev/shm
+
+What is read, and how without disturbing the daemon, is :mod:`rte.ipc.inspect`;
+this module only renders it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from rte.errors import DaemonRunningError
+from rte.ipc.inspect import daemons, remove_leftovers, ring_records, snapshot, summary
+from shm import ShmError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="read daemons' rings, slab and counters from shared memory",
+        description="Read daemons' rings, slab and counters from shared memory, "
+        "asking the daemons nothing.",
+    )
+    p.add_argument("name", nargs="?", help="a daemon's name (default: list them all)")
+    p.add_argument("--json", action="store_true", help="JSON instead of text")
+    p.add_argument("--watch", action="store_true", help="refresh in place, with rates")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    p.add_argument("--ring", type=int, metavar="CLIENT", help="dump a client's waiting records")
+    p.add_argument("--remove", action="store_true", help="remove a dead daemon's leftovers")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.name is None:
+            rows = [summary(n) for n in daemons()]
+            print(json.dumps(rows, indent=2) if args.json else render_list(rows))
+            return 0
+        if args.remove:
+            removed = remove_leftovers(args.name)
+            print(f"removed {len(removed)} objects of {args.name!r}: {' '.join(removed) or '-'}")
+            return 0
+        if args.ring is not None:
+            return _rings(args)
+        return _show(args)
+    except (ShmError, ValueError, DaemonRunningError) as exc:
+        print(f"rte inspect: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def _rings(args: argparse.Namespace) -> int:
+    records = ring_records(args.name, args.ring)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    for label, items in records.items():
+        print(f"{label} of client {args.ring}: {len(items)} waiting")
+        for item in items:
+            print(f"  {item}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    previous = None
+    while True:
+        snap = snapshot(args.name)
+        if args.json:
+            print(json.dumps(snap, indent=2))
+        else:
+            print(("\x1b[H\x1b[2J" if args.watch else "") + render(snap, previous), flush=True)
+        if not args.watch:
+            return 0
+        previous = snap
+        time.sleep(args.interval)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def render_list(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no rte daemons of this user (start one: rte serve --name NAME)"
+    lines = [
+        f"{'NAME':<24}{'PID':>8}  {'STATUS':<8}{'UPTIME':>8}{'BEAT':>8}  "
+        f"{'MODEL':<12}{'SESSIONS':>10}{'CLIENTS':>8}"
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['name']:<24}  unreadable: {r['error']}")
+            continue
+        status = "alive" if r["alive"] else "DEAD"
+        lines.append(
+            f"{r['name']:<24}{r['pid']:>8}  {status:<8}{_age(r['uptime_s']):>8}"
+            f"{_age(r['heartbeat_age_s']):>8}  {r['model']:<12}"
+            f"{r['sessions']:>5}/{r['max_sessions']:<4}{r['clients']:>8}"
+        )
+        if r["remove"]:
+            lines.append(f"  stale leftovers; remove with: {r['remove']}")
+    return "\n".join(lines)
+
+
+def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
+    s, m = snap["summary"], snap["manifest"]
+    dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
+    before = {c["index"]: c for c in previous["clients"]} if previous else {}
+    lines = [
+        f"daemon {snap['name']}  pid {s.get('pid')}  {'alive' if s.get('alive') else 'DEAD'}  "
+        f"state {s.get('state')}  uptime {_age(s.get('uptime_s'))}  "
+        f"heartbeat {_age(s.get('heartbeat_age_s'))} ago",
+        f"model {m['model']}  sessions {s.get('sessions')}/{m['max_sessions']}  chunk "
+        f"{m['latent_dtype']}{list(m['latent_shape'])}  "
+        f"pipeline depth {m['pipeline_depth_chunks']}  "
+        f"input latency {m['input_latency_chunks']} chunk(s)",
+        "",
+        f"{'CLIENT':<7}{'PID':>8} {'ALIVE':<6}{'SESS':>5}  "
+        f"{'RING':<7}{'CAP':>8}{'USED':>8}{'HIGH':>8}"
+        f"{'FULL':>6}{'RECORDS':>10}{'BYTES':>12}{'REC/S':>9}",
+    ]
+    for c in snap["clients"]:
+        for k, (label, r) in enumerate(c["rings"].items()):
+            rate = ""
+            old = before.get(c["index"])
+            if old is not None and dt > 0:
+                rate = f"{(r['pushed'] - old['rings'][label]['pushed']) / dt:,.0f}"
+            head = (
+                f"{c['index']:<7}{c['pid']:>8} "
+                f"{('yes' if c['alive'] else 'NO'):<6}{c['sessions']:>5}"
+                if k == 0
+                else " " * 26
+            )
+            lines.append(
+                f"{head}  {label:<7}{r['capacity']:>8}{r['used_bytes']:>8}"
+                f"{r['high_water_bytes']:>8}"
+                f"{r['full_events']:>6}{r['pushed']:>10}{r['bytes_pushed']:>12}{rate:>9}"
+            )
+        if dt > 0 and c["index"] in before and c["sessions"]:
+            chunks = (
+                c["rings"]["outbox"]["pushed"] - before[c["index"]]["rings"]["outbox"]["pushed"]
+            )
+            lines.append(f"{'':26}  ~{chunks / dt / c['sessions']:,.1f} chunks/s per session")
+    if not snap["clients"]:
+        lines.append("(no clients)")
+    slab = snap["slab"]
+    if slab is not None:
+        st = slab["statistics"]
+        lines += [
+            "",
+            f"slab  {st['slots']} slots of {st['slot_size']:,} B  free {slab['by_state']['free']}  "
+            f"writing {slab['by_state']['writing']}  ready {slab['by_state']['ready']}  "
+            f"quota {st['quota']}/client  held by client {slab['held_by_client'] or '{}'}  "
+            f"oldest held {_age(slab['oldest_held_s'])}",
+            f"      acquired {st['acquired']}  released {st['released']}  "
+            f"reclaimed {st['reclaimed']}  "
+            f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
+            f"full {st['full_events']}  high water {st['high_water']}",
+        ]
+    counters = dict(snap["counters"])
+    first, last = counters.pop("first_error_ns"), counters.pop("last_error_ns")
+    lines += ["", "counters  " + "  ".join(f"{k} {v}" for k, v in counters.items())]
+    if first:
+        lines.append(
+            f"          errors: first {time.strftime('%H:%M:%S', time.localtime(first / 1e9))}, "
+            f"last {time.strftime('%H:%M:%S', time.localtime(last / 1e9))}"
+        )
+    return "\n".join(lines)

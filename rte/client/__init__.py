@@ -1,0 +1,70 @@
+"""Clients of an engine: one interface, two forms.
+
+- :class:`EngineClient` — the interface: ``attach``, ``act``, ``reset``,
+  ``detach``, ``poll``, ``results``, ``notices``, ``held``, ``close`` and ``with``.
+- :class:`ShmClient` — over a daemon's shared memory (``rte serve``), from any
+  local process: ``connect("mydaemon")``.
+- :class:`InProcessClient` — over an engine in this process, served on a thread
+  of its own: ``connect()`` (the reference model) or ``InProcessClient(engine)``.
+
+Both hand out :class:`Chunk` s and raise only :mod:`rte.errors` classes.
+"""
+
+from __future__ import annotations
+
+from rte.client.base import Chunk, EngineClient
+from rte.client.inprocess import InProcessClient
+from rte.client.shm import ShmClient
+from rte.composed import ComposedEngine
+from rte.contract import Notice, NoticeKind
+from rte.errors import (
+    AdmissionError,
+    ClientClosedError,
+    EngineGone,
+    RequestError,
+    RequestTimeout,
+)
+from rte.models import load_model
+
+
+def connect(
+    name: str | None = None,
+    timeout: float = 5.0,
+    *,
+    policy: str = "spin-then-block",
+    spin_us: float = 50.0,
+    model: str = "reference",
+    max_sessions: int = 8,
+) -> EngineClient:
+    """A client of the daemon ``name``, or of an engine in this process.
+
+    Args:
+        name: the daemon to attach to (``rte serve --name NAME``), waiting up to
+            ``timeout`` s for it to be up. None: an in-process engine over
+            ``model`` with ``max_sessions`` rows, served on a thread of its own.
+        policy, spin_us: how a shm client waits for chunks (see :class:`ShmClient`).
+
+    Raises:
+        EngineGone: no live daemon of that name came up in time.
+        AdmissionError: the daemon serves its maximum of clients already.
+    """
+    if name is None:
+        engine = ComposedEngine(load_model(model, max_sessions=max_sessions))
+        return InProcessClient(engine)
+    return ShmClient(name, timeout=timeout, policy=policy, spin_us=spin_us)
+
+
+__all__ = [
+    "AdmissionError",
+    "Chunk",
+    "ClientClosedError",
+    "EngineClient",
+    "EngineGone",
+    "InProcessClient",
+    "Notice",
+    "NoticeKind",
+    "RequestError",
+    "RequestTimeout",
+    "ShmClient",
+    "connect",
+]

@@ -1,0 +1,247 @@
+"""ShmClient: the EngineClient interface over a daemon's shared memory.
+
+    from rte.client import connect
+
+    with connect("mydaemon") as client:
+        client.attach("alice", {"prompt": "a forest"})
+        for chunk in client.results(timeout=1.0):
+            with chunk:                      # releases the slab slot on exit
+                frame = chunk.latent         # read-only view into the slab: no copy
+            client.act("alice", {"move": (0, 1)})
+
+A client claims one slot of the daemon's client table and owns its ring pair:
+requests go out on its inbox ring, chunks and notices come back on its outbox
+ring; a chunk is a view of the slab slot the engine wrote it into, released
+back in place. Every wait checks the daemon's state word, and its pid and
+start time about every 100 ms, so a dead daemon is :class:`~rte.errors.EngineGone`
+within about a second, never a hang. No ``shm`` exception escapes: each
+becomes the :mod:`rte.errors` class that says what it means for the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+from rte.client.base import Chunk, EngineClient
+from rte.contract import Notice, NoticeKind, Timing
+from rte.errors import AdmissionError, EngineGone, RequestTimeout, WireError
+from rte.ipc.control import KIND_CONTROL, KIND_SLAB, ClientState, Control, DaemonState
+from rte.ipc.names import DaemonNames
+from rte.ipc.wire import Bye, ChunkRef, decode_reply, encode_request
+from rte.serve import Request
+from shm import (
+    Doorbell,
+    ForeignSlot,
+    Ring,
+    RingFull,
+    Segment,
+    SegmentError,
+    SegmentVersionError,
+    ShmError,
+    Slab,
+    SlotRef,
+    StaleSlot,
+    is_alive,
+)
+from shm.segment import HEADER_SIZE
+
+LIVENESS_EVERY_S = 0.1
+LEAVE_TIMEOUT_S = 1.0  # how long close() waits for the daemon to free our slot
+
+
+class ShmClient(EngineClient):
+    """A connection to the daemon ``name``; build it with :func:`rte.client.connect`.
+
+    Args:
+        name: the daemon's name.
+        timeout: how long to wait for the daemon to be up and for a client slot.
+        policy: how this client waits for chunks (``spin``, ``spin-then-block``, ``block``).
+        spin_us: how long ``spin-then-block`` polls before it sleeps.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float = 5.0,
+        policy: str = "spin-then-block",
+        spin_us: float = 50.0,
+    ) -> None:
+        names = DaemonNames(name)
+        deadline = time.monotonic() + timeout
+        self._segment = _open_control(names, deadline)
+        self._opened: list[Segment | Doorbell] = [self._segment]
+        try:
+            self._daemon = (self._segment.creator_pid, self._segment.creator_start)
+            self._checked = 0.0
+            self._control = Control(self._segment)
+            super().__init__(name, self._ready_manifest(deadline))
+            self.index = self._claim(deadline)
+            layout = self._control.layout
+            slab_segment = self._own(Segment.open(names.slab, kind=KIND_SLAB))
+            self._slab = Slab(slab_segment, HEADER_SIZE)
+            self._bell = self._own(Doorbell(names.bell))
+            my_bell = self._own(Doorbell(names.client_bell(self.index)))
+        except ShmError as exc:
+            self._close_mappings()
+            raise EngineGone(f"daemon {name!r} could not be joined: {exc}") from None
+        except BaseException:
+            self._close_mappings()
+            raise
+        self._generation = self._control.client(self.index).generation
+        self._inbox = Ring(self._segment, layout.inbox(self.index), doorbell=self._bell)
+        self._outbox = Ring(
+            self._segment,
+            layout.outbox(self.index),
+            doorbell=my_bell,
+            policy=policy,
+            spin_us=spin_us,
+        )
+        self._dtype = np.dtype(self.manifest.latent_dtype)
+        self._bell.ring()  # wake an idle daemon so that it adopts us now
+
+    def _own(self, thing: Any) -> Any:
+        self._opened.append(thing)
+        return thing
+
+    def _ready_manifest(self, deadline: float) -> Any:
+        while self._control.state is DaemonState.STARTING:
+            self._check()
+            if time.monotonic() >= deadline:
+                raise EngineGone(f"daemon {self.name!r} did not become ready in time")
+            time.sleep(0.01)
+        self._check()
+        return self._control.manifest()
+
+    def _claim(self, deadline: float) -> int:
+        """Take a client slot; while one is being freed (a client leaving), wait for it."""
+        me = psutil.Process()
+        while (index := self._control.claim(me.pid, me.create_time())) is None:
+            states = {entry.state for entry in self._control.clients()}
+            if not states & {ClientState.CLOSING, ClientState.CLAIMED} or (
+                time.monotonic() >= deadline
+            ):
+                raise AdmissionError(
+                    f"daemon {self.name!r} serves {self._control.layout.max_clients} clients "
+                    "already; close one or start the daemon with more --max-clients"
+                )
+            self._check()
+            time.sleep(0.005)
+        return index
+
+    # -- transport --------------------------------------------------------
+
+    def _send(self, request: Request, timeout: float) -> None:
+        record = encode_request(request)  # WireError (a RequestError) before anything is sent
+        self._check()
+        try:
+            self._inbox.push(record, timeout, self._check)
+        except RingFull:
+            raise RequestTimeout(
+                f"daemon {self.name!r} is not taking requests: this client's inbox stayed "
+                f"full for {timeout}s"
+            ) from None
+        except ShmError as exc:
+            raise WireError(f"request not sent: {exc}") from None
+
+    def _receive(self, timeout: float) -> list[Chunk | Notice]:
+        try:
+            if timeout > 0:
+                records = self._outbox.pop_batch(timeout, self._check)
+            else:
+                records = self._outbox.pop_batch_nowait()
+        except ShmError as exc:  # a corrupt ring: the daemon (or a stray writer) broke it
+            raise EngineGone(
+                f"daemon {self.name!r}: this client's outbox is unreadable: {exc}"
+            ) from None
+        if records:
+            self._control.note_pop(self.index)
+        out: list[Chunk | Notice] = []
+        for raw in records:
+            try:
+                item = decode_reply(raw)
+                out.append(self._chunk(item) if isinstance(item, ChunkRef) else item)
+            except (WireError, ShmError, ValueError) as exc:
+                out.append(Notice("", NoticeKind.ERROR, f"unreadable record: {exc}"))
+        return out
+
+    def _chunk(self, ref: ChunkRef) -> Chunk:
+        slot = SlotRef(ref.slot, ref.generation, self.index)
+        sample = self._slab.receive(slot, self._dtype, ref.shape)
+        timing = Timing(ref.generated_ns, ref.emitted_ns)
+        return Chunk(ref.session, ref.chunk, sample.array, timing, self._release, sample)
+
+    def _release(self, chunk: Chunk) -> None:
+        self._released(chunk)
+        if self.closed:
+            return  # the daemon reclaimed our slots when we left
+        try:
+            chunk.lease.release()
+        except (StaleSlot, ForeignSlot):
+            return  # not ours any more (reclaimed): nothing to give back
+        self._inbox.wake()  # a daemon asleep for want of our free slots steps on
+
+    def _shutdown(self) -> None:
+        """Say BYE and wait (bounded) until the daemon has freed our slot, so a
+        connect or attach right after close finds the room this client had."""
+        try:
+            if self._daemon_alive():
+                self._inbox.push(encode_request(Bye()), LEAVE_TIMEOUT_S)
+                self._wait_until_freed(time.monotonic() + LEAVE_TIMEOUT_S)
+        except (ShmError, EngineGone):
+            pass  # the daemon reaps what we could not say goodbye to
+        finally:
+            self._close_mappings()
+
+    def _wait_until_freed(self, deadline: float) -> None:
+        while time.monotonic() < deadline and self._daemon_alive():
+            entry = self._control.client(self.index)
+            if entry.state is ClientState.FREE or entry.generation != self._generation:
+                return
+            time.sleep(0.001)
+
+    def _close_mappings(self) -> None:
+        for thing in reversed(self._opened):
+            thing.close()
+        self._opened.clear()
+
+    # -- liveness ---------------------------------------------------------
+
+    def _daemon_alive(self) -> bool:
+        return is_alive(*self._daemon) and self._control.state is not DaemonState.STOPPING
+
+    def _check(self) -> None:
+        """EngineGone if the daemon stopped or died. The state word is read every
+        time; the process table (slower) at most every 100 ms."""
+        if self._control.state is DaemonState.STOPPING:
+            raise EngineGone(f"daemon {self.name!r} is stopping")
+        now = time.monotonic()
+        if now - self._checked >= LIVENESS_EVERY_S:
+            if not is_alive(*self._daemon):
+                raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) died")
+            self._checked = now
+
+
+def _open_control(names: DaemonNames, deadline: float) -> Segment:
+    """The live daemon's control segment, waiting until ``deadline`` for one."""
+    while True:
+        try:
+            segment = Segment.open(names.control, kind=KIND_CONTROL)
+            if segment.creator_alive():
+                return segment
+            segment.close()  # a dead daemon's leftovers: a new one may be replacing them
+            problem = f"daemon {names.daemon!r} is dead (its pid {segment.creator_pid} is gone)"
+        except SegmentVersionError as exc:  # waiting will not help
+            raise EngineGone(str(exc)) from None
+        except SegmentError:  # absent, or still being made
+            problem = (
+                f"no daemon named {names.daemon!r} (start one with: rte serve --name "
+                f"{names.daemon})"
+            )
+        if time.monotonic() >= deadline:
+            raise EngineGone(problem)
+        time.sleep(0.02)

@@ -1,0 +1,177 @@
+"""The daemon's client table: who is connected, and whose sessions may step.
+
+A client claims a slot of the control segment's client table itself
+(:meth:`rte.ipc.control.Control.claim`); the table here is the daemon's side:
+
+- **adopt** ACTIVE slots it has not seen, opening their ring pair;
+- find **dead** clients (pid + start time, psutil) so the core can detach
+  their sessions, then **remove** them: their slab slots reclaimed, their rings
+  emptied, their slot FREE for the next client;
+- free a CLAIMED slot whose claimer died before finishing the claim (after a
+  grace period);
+- pick the **due** sessions fairly: a session steps only while its owner has
+  slab quota left (a client that holds all its slots stalls only its own
+  sessions), and a client with more sessions than room rotates which go first;
+- spot clients that stopped consuming (the **idle** limit).
+
+Answers to a client go out on its outbox ring; when the ring is full they wait
+in a backlog bounded in bytes, never growing without limit.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+
+from rte.ipc.control import ClientState, Control
+from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
+
+log = logging.getLogger("rte.daemon")
+CLAIM_GRACE_S = 5.0
+
+
+@dataclass(eq=False)
+class Connection:
+    """The daemon's view of one connected client."""
+
+    index: int
+    pid: int
+    start: float
+    inbox: Ring
+    outbox: Ring
+    backlog_limit: int
+    sessions: list[str] = field(default_factory=list)
+    backlog: collections.deque[bytes] = field(default_factory=collections.deque)
+    backlog_bytes: int = 0
+    stalled_since: float | None = None
+    turn: int = 0
+
+    def send(self, record: bytes) -> bool:
+        """Push now, or queue behind earlier records; False (nothing queued)
+        when the backlog holds its limit in bytes already."""
+        if not self.backlog:
+            try:
+                self.outbox.push_nowait(record)
+                return True
+            except RingFull:
+                pass
+        if self.backlog_bytes + len(record) > self.backlog_limit:
+            return False
+        self.backlog.append(record)
+        self.backlog_bytes += len(record)
+        return True
+
+    def flush(self) -> None:
+        """Move what the backlog holds into the ring, as far as it has room."""
+        while self.backlog:
+            try:
+                self.outbox.push_nowait(self.backlog[0])
+            except RingFull:
+                return
+            self.backlog_bytes -= len(self.backlog.popleft())
+
+
+class ClientTable:
+    """The connections of one daemon, over its control segment and slab."""
+
+    def __init__(
+        self,
+        control: Control,
+        segment: Segment,
+        slab: Slab,
+        bell: Doorbell,
+        client_bells: list[Doorbell],
+    ) -> None:
+        self.control = control
+        self.segment = segment
+        self.slab = slab
+        self.bell = bell
+        self.client_bells = client_bells
+        self.connections: dict[int, Connection] = {}
+        self.backlog_limit = 2 * control.layout.ring_capacity
+
+    def scan(self) -> list[Connection]:
+        """Adopt new clients, free abandoned claims; returns the dead connections
+        (still in the table: detach their sessions, then :meth:`remove` them)."""
+        dead = []
+        for entry in self.control.clients():
+            known = self.connections.get(entry.index)
+            if known is not None:
+                if not is_alive(known.pid, known.start):
+                    log.warning("client %d (pid %d) died; reclaiming", known.index, known.pid)
+                    dead.append(known)
+            elif entry.state is ClientState.ACTIVE:
+                self._adopt(entry.index, entry.pid, entry.start)
+            elif entry.state is ClientState.CLAIMED:
+                age = (time.monotonic_ns() - self.control.last_pop_ns(entry.index)) / 1e9
+                if age > CLAIM_GRACE_S:  # its claimer died before finishing the claim
+                    self.control.set_client_state(entry.index, ClientState.FREE)
+        return dead
+
+    def _adopt(self, index: int, pid: int, start: float) -> None:
+        layout = self.control.layout
+        inbox = Ring(self.segment, layout.inbox(index), doorbell=self.bell, policy="spin")
+        outbox = Ring(
+            self.segment, layout.outbox(index), doorbell=self.client_bells[index], policy="spin"
+        )
+        self.connections[index] = Connection(index, pid, start, inbox, outbox, self.backlog_limit)
+        log.info("client %d (pid %d) connected; %d clients", index, pid, len(self.connections))
+
+    def remove(self, connection: Connection) -> None:
+        """Give back everything a gone client held; its slot becomes FREE."""
+        index = connection.index
+        self.control.set_client_state(index, ClientState.CLOSING)
+        del self.connections[index]
+        self.slab.reclaim(index)
+        connection.inbox.reset()
+        connection.outbox.reset()
+        self.control.set_client_sessions(index, 0)
+        self.control.set_client_state(index, ClientState.FREE)  # last: a claim may follow
+
+    def publish_sessions(self, connection: Connection) -> None:
+        """Show the connection's session count in the table (for inspectors)."""
+        self.control.set_client_sessions(connection.index, len(connection.sessions))
+
+    def room(self, connection: Connection) -> int:
+        """Slab slots the connection may still take."""
+        return self.slab.quota - self.slab.held(connection.index)
+
+    def due(self) -> list[str]:
+        """Sessions whose owner has a free slot for them, fairly rotated."""
+        due: list[str] = []
+        for connection in self.connections.values():
+            sessions = connection.sessions
+            if not sessions:
+                continue
+            room = self.room(connection)
+            if room <= 0:
+                continue
+            if room >= len(sessions):
+                due += sessions
+                continue
+            start = connection.turn % len(sessions)
+            connection.turn += 1
+            due += (sessions[start:] + sessions[:start])[:room]
+        return due
+
+    def can_step(self) -> bool:
+        """Whether some session could step now (its owner released a slot)."""
+        return any(c.sessions and self.room(c) > 0 for c in self.connections.values())
+
+    def idle(self, now: float, limit: float) -> list[Connection]:
+        """Connections whose sessions have waited on them for more than ``limit``
+        seconds: they consumed nothing while chunks or answers were ready."""
+        idle = []
+        for c in self.connections.values():
+            stalled = c.sessions and (c.backlog or self.room(c) <= 0 or c.outbox.used() > 0)
+            if not stalled:
+                c.stalled_since = None
+                continue
+            c.stalled_since = c.stalled_since or now
+            last_pop = self.control.last_pop_ns(c.index) / 1e9
+            if now - max(c.stalled_since, last_pop) > limit:
+                c.stalled_since = None
+                idle.append(c)
+        return idle

@@ -1,0 +1,168 @@
+"""What ``rte inspect`` shows: a daemon read from its shared memory alone.
+
+Modelled on Aeron's AeronStat and iceoryx2's ``iox2``: everything here is read
+from the counters the daemon keeps in its segments, through read-only mappings
+(the kernel refuses any write), and nothing is ever asked of the daemon. So it
+works on a daemon under full load, on a hung one, and on a dead one's
+leftovers. The functions return plain dicts (the ``--json`` output);
+:mod:`rte.cli.inspect` renders them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from rte.errors import DaemonRunningError
+from rte.ipc.control import KIND_CONTROL, KIND_SLAB, ClientState, Control
+from rte.ipc.names import DaemonNames
+from rte.ipc.wire import describe
+from shm import Ring, Segment, ShmError, Slab, SlotState, is_alive
+from shm.lock import NameLockHeld
+from shm.segment import HEADER_SIZE
+
+
+def _open(name: str) -> tuple[Segment, Control]:
+    segment = Segment.open(DaemonNames(name).control, kind=KIND_CONTROL, readonly=True)
+    return segment, Control(segment)
+
+
+def daemons() -> list[str]:
+    """The name of every daemon of this user that has a control segment."""
+    return [names.daemon for names in DaemonNames.present()]
+
+
+def summary(name: str) -> dict[str, Any]:
+    """One line's worth about daemon ``name`` (for the listing); a segment that
+    cannot be read gives a row with ``error``, never an exception."""
+    try:
+        segment, control = _open(name)
+    except ShmError as exc:
+        return {"name": name, "error": str(exc)}
+    try:
+        return _summary(name, segment, control)
+    except (ShmError, ValueError, TypeError, KeyError) as exc:  # an impostor's garbage
+        return {"name": name, "error": str(exc)}
+    finally:
+        segment.close()
+
+
+def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
+    alive = segment.creator_alive()
+    clients = [c for c in control.clients() if c.state is ClientState.ACTIVE]
+    manifest = control.manifest()
+    return {
+        "name": name,
+        "pid": segment.creator_pid,
+        "alive": alive,
+        "state": control.state.name.lower(),
+        "uptime_s": time.time() - segment.created,
+        "heartbeat_age_s": control.heartbeat_age_s,
+        "model": manifest.model,
+        "sessions": sum(c.sessions for c in clients),
+        "max_sessions": manifest.max_sessions,
+        "clients": len(clients),
+        "remove": None if alive else f"rte inspect {name} --remove",
+    }
+
+
+def remove_leftovers(name: str) -> list[str]:
+    """Unlink what a dead daemon ``name`` left; refuses (DaemonRunningError) a live one."""
+    try:
+        return DaemonNames(name).remove_leftovers()
+    except NameLockHeld:
+        raise DaemonRunningError(f"daemon {name!r} is alive: stop it instead") from None
+
+
+def snapshot(name: str) -> dict[str, Any]:
+    """Everything about daemon ``name``, read from its segments."""
+    segment, control = _open(name)
+    try:
+        slab_segment = Segment.open(DaemonNames(name).slab, kind=KIND_SLAB, readonly=True)
+    except ShmError:
+        slab_segment = None
+    try:
+        layout = control.layout
+        clients = []
+        for entry in control.clients():
+            if entry.state is ClientState.FREE:
+                continue
+            rings = {}
+            for label, offset in (
+                ("inbox", layout.inbox(entry.index)),
+                ("outbox", layout.outbox(entry.index)),
+            ):
+                stats = Ring(segment, offset, policy="spin").statistics()
+                rings[label] = asdict(stats) | {"waiting": stats.waiting}
+            clients.append(
+                {
+                    "index": entry.index,
+                    "pid": entry.pid,
+                    "alive": is_alive(entry.pid, entry.start),
+                    "state": entry.state.name.lower(),
+                    "sessions": entry.sessions,
+                    "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
+                    "rings": rings,
+                }
+            )
+        return {
+            "name": name,
+            "summary": summary(name),
+            "manifest": asdict(control.manifest()),
+            "clients": clients,
+            "slab": _slab(slab_segment) if slab_segment is not None else None,
+            "counters": control.counters(),
+            "taken_at": time.time(),
+        }
+    finally:
+        segment.close()
+        if slab_segment is not None:
+            slab_segment.close()
+
+
+def _slab(segment: Segment) -> dict[str, Any]:
+    slab = Slab(segment, HEADER_SIZE)
+    by_state = {s.name.lower(): 0 for s in SlotState}
+    by_owner: dict[int, int] = {}
+    oldest = None
+    now = time.monotonic_ns()
+    for i in range(slab.slots):
+        info = slab.slot(i)
+        by_state[info.state.name.lower()] += 1
+        if info.state is not SlotState.FREE:
+            by_owner[info.owner] = by_owner.get(info.owner, 0) + 1
+            age = (now - info.since_ns) / 1e9
+            oldest = age if oldest is None else max(oldest, age)
+    return {
+        "statistics": asdict(slab.statistics()),
+        "by_state": by_state,
+        "held_by_client": {str(k): v for k, v in sorted(by_owner.items())},
+        "oldest_held_s": oldest,
+    }
+
+
+def ring_records(name: str, client: int, limit: int = 50) -> dict[str, list[str]]:
+    """The records waiting in client ``client``'s two rings, decoded, not consumed."""
+    segment, control = _open(name)
+    try:
+        if not 0 <= client < control.layout.max_clients:
+            raise ValueError(
+                f"client {client} does not exist (0..{control.layout.max_clients - 1})"
+            )
+        out = {}
+        for label, offset in (
+            ("inbox", control.layout.inbox(client)),
+            ("outbox", control.layout.outbox(client)),
+        ):
+            ring = Ring(segment, offset, policy="spin")
+            records = []
+            for i in range(limit):
+                raw = ring.peek(i)
+                if raw is None:
+                    break
+                records.append(describe(raw))
+            out[label] = records
+        return out
+    finally:
+        segment.close()

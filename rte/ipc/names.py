@@ -1,0 +1,86 @@
+"""The names of one daemon's shared objects, derived here and nowhere else.
+
+A daemon called NAME owns, for this user, a control segment, a slab segment,
+its doorbell and one doorbell per client slot; they all live under one POSIX
+name stem (``/rte.<uid>.NAME.``), so everything a daemon ever created, or a
+crashed one left behind, is found by that stem (``shm.names`` maps names to
+the files in ``/dev/shm``). After iceoryx2's ``ServiceName``: one value object,
+never an f-string at the call site.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shm.lock import NameLock
+from shm.names import objects, shm_name, unlink_objects
+
+_DAEMON = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_CONTROL = "ctl"
+
+
+@dataclass(frozen=True)
+class DaemonNames:
+    """Every shared-object name of the daemon ``daemon``."""
+
+    daemon: str
+
+    def __post_init__(self) -> None:
+        if not _DAEMON.match(self.daemon):
+            raise ValueError(f"daemon name {self.daemon!r}: use 1-64 letters, digits, '_' or '-'")
+
+    @property
+    def stem(self) -> str:
+        """The prefix every object of this daemon's name starts with."""
+        return shm_name(self.daemon) + "."
+
+    @property
+    def control(self) -> str:
+        return shm_name(self.daemon, _CONTROL)
+
+    @property
+    def slab(self) -> str:
+        return shm_name(self.daemon, "slab")
+
+    @property
+    def bell(self) -> str:
+        """The daemon's doorbell: every client's inbox rings it."""
+        return shm_name(self.daemon, "bell")
+
+    @property
+    def lock(self) -> str:
+        """Held by the live daemon of this name (:class:`shm.lock.NameLock`)."""
+        return shm_name(self.daemon, "lock")
+
+    def client_bell(self, index: int) -> str:
+        """The doorbell of client slot ``index``: the daemon rings it for its outbox."""
+        return shm_name(self.daemon, f"c{index}")
+
+    def leftovers(self) -> list[str]:
+        """The names of every object of this daemon that exists now."""
+        return objects(self.stem)
+
+    def remove_leftovers(self) -> list[str]:
+        """Unlink every object a dead daemon of this name left; the names removed.
+
+        Raises shm.lock.NameLockHeld (and removes nothing) while a live daemon
+        holds the name.
+        """
+        with NameLock(self.lock):
+            return self.unlink_unlocked()
+
+    def unlink_unlocked(self) -> list[str]:
+        """Unlink every object of this name but its lock: for the lock's holder."""
+        return unlink_objects(self.stem, keep={self.lock})
+
+    @classmethod
+    def present(cls) -> list[DaemonNames]:
+        """Every daemon of this user that has a control segment (alive or not)."""
+        prefix, suffix = shm_name() + ".", "." + _CONTROL
+        found = []
+        for name in objects(prefix):
+            daemon = name[len(prefix) : -len(suffix)]
+            if name.endswith(suffix) and _DAEMON.match(daemon):
+                found.append(cls(daemon))
+        return sorted(found, key=lambda n: n.daemon)

@@ -1,0 +1,189 @@
+"""The daemon as a process: ``rte serve --name NAME`` runs :func:`serve`.
+
+This module owns the process's life, nothing else:
+
+- **signals first**: SIGTERM/SIGINT are handled before anything is created, and
+  the handler only sets a flag and rings the doorbell (vLLM's rule), so a
+  signal at any moment leaves nothing behind and exits cleanly;
+- **the name**: a :class:`~shm.lock.NameLock` makes one process at a time
+  the owner of NAME; a live owner is refused (:class:`DaemonRunningError`),
+  a dead one's leftovers are removed;
+- **resources in an exit stack**: the control segment, the slab, the doorbells
+  and the rings are created in order and each registers its own undoing, so
+  any failure part-way, and every normal stop, unlinks exactly what exists;
+- **the worker thread**: :class:`~rte.ipc.core.DaemonCore` runs on it for the
+  engine's whole life; the main thread waits for it and reports its failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import TypeVar
+
+from rte.contract import Manifest
+from rte.errors import DaemonRunningError
+from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState, Layout
+from rte.ipc.core import DaemonCore, Shared
+from rte.ipc.names import DaemonNames
+from rte.ipc.settings import Settings
+from rte.models import load_model
+from shm import Doorbell, Ring, Segment, ShmError, Slab
+from shm.lock import NameLock, NameLockHeld
+from shm.segment import HEADER_SIZE
+
+log = logging.getLogger("rte.daemon")
+STOP_TIMEOUT_S = 30.0
+_Owned = TypeVar("_Owned", Segment, Doorbell)
+
+
+def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    """Run a daemon in this process (its main thread) until SIGTERM/SIGINT.
+
+    ``ready`` is told one line once clients may connect. Raises
+    DaemonRunningError when a live daemon owns the name; re-raises what ended
+    the serve loop, after everything was cleaned up.
+    """
+    stopping = threading.Event()
+    bells: list[Doorbell] = []
+    names = settings.names
+    core: DaemonCore | None = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_signals_set(stopping, bells))
+        stack.enter_context(_own_name(names))
+        model = load_model(
+            settings.model,
+            max_sessions=settings.max_sessions,
+            **dict(settings.model_settings or {}),
+        )
+        if stopping.is_set():
+            return
+        shared = _create(stack, settings, model.manifest())
+        bells.append(shared.bell)
+        core = DaemonCore(settings, shared, model)
+        pinned = shared.slab.pin()
+        if pinned:
+            stack.callback(shared.slab.unpin)  # after the worker ended: no copy in flight
+        worker = threading.Thread(target=core.run, args=(stopping,), name="rte-engine", daemon=True)
+        shared.control.set_state(DaemonState.READY)
+        worker.start()
+        if ready is not None:
+            m = model.manifest()
+            ready(
+                f"ready name={names.daemon} pid={os.getpid()} model={m.model} "
+                f"max_sessions={m.max_sessions} max_clients={settings.max_clients} "
+                f"lanes={core.engine.lanes.kind} slab_pinned={pinned}"
+            )
+        while worker.is_alive() and not stopping.is_set():
+            worker.join(0.2)
+        worker.join(STOP_TIMEOUT_S)  # it finalizes every session first
+        if worker.is_alive():
+            log.error("the serve loop did not stop in %gs; cleaning up under it", STOP_TIMEOUT_S)
+    if core is not None and core.failure is not None:
+        raise core.failure
+
+
+@contextlib.contextmanager
+def _signals_set(stopping: threading.Event, bells: list[Doorbell]) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stopping`` and wake the loop; nothing more."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for bell in bells:
+            bell.ring()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        stopping.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _own_name(names: DaemonNames) -> Iterator[None]:
+    """Hold the daemon's name for the process's life; replace a dead owner's leftovers."""
+    try:
+        lock = NameLock(names.lock)
+    except NameLockHeld:
+        raise DaemonRunningError(_running_message(names)) from None
+    with lock:
+        removed = names.unlink_unlocked()
+        if removed:
+            log.warning("replaced the leftovers of a dead daemon: %s", ", ".join(removed))
+        yield
+
+
+def _running_message(names: DaemonNames) -> str:
+    name = names.daemon
+    try:
+        with Segment.open(names.control, kind=KIND_CONTROL, readonly=True) as segment:
+            pid = segment.creator_pid
+    except ShmError:
+        return f"a daemon named {name!r} is starting; wait for it or choose another --name"
+    return (
+        f"a daemon named {name!r} is already running (pid {pid}); stop it (kill {pid}) "
+        "or choose another --name"
+    )
+
+
+def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest) -> Shared:
+    """Create every shared object, each undone by ``stack`` (last made, first gone)."""
+    names, n = settings.names, settings.max_clients
+    layout = Layout(n, settings.ring_capacity)
+    segment = _owned(stack, Segment.create(names.control, layout.size, kind=KIND_CONTROL))
+    control = Control.initialise(segment, layout, manifest)
+    slab_bytes = HEADER_SIZE + Slab.footprint(
+        HEADER_SIZE, settings.slab_slots, manifest.latent_nbytes, n
+    )
+    slab_segment = _owned(stack, Segment.create(names.slab, slab_bytes, kind=KIND_SLAB))
+    slab = Slab.create(
+        slab_segment,
+        HEADER_SIZE,
+        slots=settings.slab_slots,
+        slot_bytes=manifest.latent_nbytes,
+        max_owners=n,
+        quota=settings.client_quota,
+    )
+    bell = _owned(stack, Doorbell(names.bell, create=True))
+    client_bells = [_owned(stack, Doorbell(names.client_bell(i), create=True)) for i in range(n)]
+    for i in range(n):
+        Ring.create(segment, layout.inbox(i), settings.ring_capacity, policy="spin")
+        Ring.create(segment, layout.outbox(i), settings.ring_capacity, policy="spin")
+    return Shared(segment, control, slab, bell, client_bells)
+
+
+def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:
+    """Register ``thing``'s close and unlink with ``stack``; return it."""
+
+    @stack.callback
+    def undo() -> None:
+        try:
+            thing.close()
+            thing.unlink()
+        except Exception as exc:  # cleanup goes on past one failure
+            log.warning("cleanup of %s failed: %s", thing.name, exc)
+
+    return thing
+
+
+def run_from_command_line(settings: Settings) -> int:
+    """``rte serve``'s body: exit 0 after a clean stop, 2 when the name is taken."""
+    logging.basicConfig(level=logging.INFO, format="rte serve: %(levelname)s %(message)s")
+    try:
+        serve(settings, ready=lambda line: print(f"rte serve: {line}", file=sys.stderr, flush=True))
+    except (DaemonRunningError, ValueError, ImportError) as exc:  # the name, the model
+        print(f"rte serve: {exc}", file=sys.stderr)
+        return 2
+    except ShmError as exc:  # /dev/shm too small, another user's objects
+        print(f"rte serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"rte serve: {settings.name} stopped; its shared memory is unlinked", file=sys.stderr)
+    return 0

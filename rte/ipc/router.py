@@ -1,0 +1,69 @@
+"""The router: who owns each session, and where each answer goes.
+
+A session belongs to the client that attached it; no other client may act on
+it, detach or reset it. The router checks that before a request reaches the
+serve loop, and routes what the loop returns:
+
+- a chunk, and any notice about an owned session, to the owner;
+- a notice about a session nobody owns (a refused attach, an unknown session)
+  to the client whose request produced it, which the core passes in: the
+  requester is a value handed along, never an ambient "current request";
+- a notice about the engine as a whole (session "") to every client.
+
+Ownership is learnt from the outcomes themselves: ATTACHED binds a session to
+its requester, DETACHED unbinds it once delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rte.contract import Notice, NoticeKind
+from rte.ipc.clients import Connection
+from rte.serve import Request
+
+
+class Router:
+    """Session ownership over the connections of one daemon."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, Connection] = {}
+
+    def owner(self, session: str) -> Connection | None:
+        return self.owners.get(session)
+
+    def owner_index(self, session: str) -> int:
+        """The slab owner a session's chunks are charged to (its client's slot)."""
+        return self.owners[session].index
+
+    def refuse(self, requester: Connection, request: Request) -> str | None:
+        """Why ``requester`` may not make ``request`` (None: it may)."""
+        owner = self.owners.get(request.session)
+        if owner is not None and owner is not requester:
+            return f"PermissionError: session {request.session!r} belongs to another client"
+        return None
+
+    def route(
+        self, notice: Notice, requester: Connection | None, everyone: Iterable[Connection]
+    ) -> list[Connection]:
+        """Where ``notice`` goes; updates ownership by what it says."""
+        owner = self.owners.get(notice.session)
+        if notice.kind is NoticeKind.ATTACHED and requester is not None:
+            if owner is None:
+                self._bind(notice.session, requester)
+            return [requester]
+        if owner is not None:
+            if notice.kind is NoticeKind.DETACHED:
+                self._unbind(notice.session, owner)
+            return [owner]
+        if requester is not None:
+            return [requester]
+        return list(everyone) if not notice.session else []
+
+    def _bind(self, session: str, connection: Connection) -> None:
+        self.owners[session] = connection
+        connection.sessions.append(session)
+
+    def _unbind(self, session: str, connection: Connection) -> None:
+        del self.owners[session]
+        connection.sessions.remove(session)

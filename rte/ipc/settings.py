@@ -1,0 +1,96 @@
+"""What a daemon is started with (``rte serve``'s options), checked at once.
+
+A setting that cannot hold is refused before anything is created, with one
+line that says which and why: a daemon never starts into a state where one
+client can stall another (slots over-committed) or where a ring cannot carry
+an answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rte.ipc.control import MAX_CLIENTS
+from rte.ipc.names import DaemonNames
+from shm import WaitPolicy
+
+MIN_RING_KIB = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A daemon's settings; ValueError, naming the option, for one that cannot hold.
+
+    Attributes:
+        name: the daemon's name; clients connect by it.
+        model: a short model name or ``module:factory``.
+        max_sessions: rows of the engine's arena.
+        max_clients: client slots (each has a ring pair and a slab quota).
+        ring_kib: the size of each client ring (rounded up to a power of two).
+        slab_slots: slots of the shared slab (each holds one chunk).
+        quota: slots one client may hold at once; 0: an even share. Quotas may
+            not over-commit the slab (quota x max_clients <= slab_slots), so a
+            client that holds all its slots stalls only itself.
+        pace_hz: target steps per second; 0 steps as fast as possible.
+        wait_policy: how an idle daemon waits for requests.
+        idle_limit_s: a client that consumes nothing this long while its
+            sessions wait has them detached, and is told why.
+        model_settings: extra keyword arguments for the model's factory.
+    """
+
+    name: str
+    model: str = "reference"
+    max_sessions: int = 8
+    max_clients: int = 8
+    ring_kib: int = 256
+    slab_slots: int = 64
+    quota: int = 0
+    pace_hz: float = 0.0
+    wait_policy: str = "spin-then-block"
+    idle_limit_s: float = 30.0
+    model_settings: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        DaemonNames(self.name)  # ValueError for a name that cannot be one
+        _at_least("max-sessions", self.max_sessions, 1)
+        _at_least("max-clients", self.max_clients, 1)
+        if self.max_clients > MAX_CLIENTS:
+            raise ValueError(f"--max-clients {self.max_clients}: at most {MAX_CLIENTS}")
+        _at_least("ring-kib", self.ring_kib, MIN_RING_KIB)
+        _at_least("slab-slots", self.slab_slots, self.max_clients, "one per client")
+        _at_least("quota", self.quota, 0)
+        if self.quota * self.max_clients > self.slab_slots:
+            raise ValueError(
+                f"--quota {self.quota} x --max-clients {self.max_clients} is more than "
+                f"--slab-slots {self.slab_slots}: clients could starve each other; "
+                f"use --quota {self.slab_slots // self.max_clients} or more slots"
+            )
+        if not self.pace_hz >= 0:
+            raise ValueError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
+        if not self.idle_limit_s > 0:
+            raise ValueError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
+        try:
+            WaitPolicy(self.wait_policy)
+        except ValueError:
+            known = ", ".join(p.value for p in WaitPolicy)
+            raise ValueError(f"--wait-policy {self.wait_policy!r}: one of {known}") from None
+
+    @property
+    def names(self) -> DaemonNames:
+        return DaemonNames(self.name)
+
+    @property
+    def ring_capacity(self) -> int:
+        """Each ring's byte capacity: ``ring_kib`` rounded up to a power of two."""
+        return 1 << (self.ring_kib * 1024 - 1).bit_length()
+
+    @property
+    def client_quota(self) -> int:
+        return self.quota or self.slab_slots // self.max_clients
+
+
+def _at_least(option: str, value: int, low: int, why: str = "") -> None:
+    if value < low:
+        raise ValueError(f"--{option} {value}: must be at least {low}{f' ({why})' if why else ''}")

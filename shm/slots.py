@@ -1,0 +1,77 @@
+"""What a slab's slots are, as values: states, references, snapshots.
+
+:class:`SlotRef` is what a writer tells a reader (one slot, at one generation,
+held by one owner); :class:`SlotInfo` and :class:`SlabStatistics` are snapshots
+read from the slab's header in shared memory, built from the C structs of
+``csrc/shm_native.h`` field by field, by name. The slab itself is
+:mod:`shm.slab`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+from shm.native import lib
+
+
+class SlotState(enum.IntEnum):
+    """A slot's state (``enum shm_slot_state`` in ``csrc/shm_native.h``)."""
+
+    FREE = int(lib.SHM_SLOT_FREE)
+    WRITING = int(lib.SHM_SLOT_WRITING)
+    READY = int(lib.SHM_SLOT_READY)
+
+
+class SlotRef(NamedTuple):
+    """One slot at one generation, held by ``owner``: what a writer tells a reader."""
+
+    slot: int
+    generation: int
+    owner: int
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One slot's state word and holder (a live snapshot; ``shm_slot_info_t``)."""
+
+    state: SlotState
+    generation: int
+    owner: int
+    since_ns: int  # time.monotonic_ns() when it was loaned
+
+    @classmethod
+    def from_c(cls, out: Any) -> SlotInfo:
+        """Build from a filled ``shm_slot_info_t``, field by field by name."""
+        values: dict[str, Any] = {f.name: int(getattr(out, f.name)) for f in fields(cls)}
+        values["state"] = SlotState(values["state"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SlabStatistics:
+    """Counters read from the slab's header in shared memory (a live snapshot).
+
+    Each field is the ``shm_slab_stats_t`` field of the same name.
+    """
+
+    slots: int
+    max_owners: int
+    slot_size: int
+    quota: int
+    held: int
+    high_water: int
+    acquired: int
+    released: int
+    aborted: int
+    reclaimed: int
+    stale_refused: int
+    foreign_refused: int
+    quota_refused: int
+    full_events: int
+
+    @classmethod
+    def from_c(cls, out: Any) -> SlabStatistics:
+        """Build from a filled ``shm_slab_stats_t``, field by field by name."""
+        return cls(**{f.name: int(getattr(out, f.name)) for f in fields(cls)})

@@ -1,0 +1,254 @@
+"""What a caller can rely on, written once and run on both client forms.
+
+Every test here takes ``engine`` (parametrized: an InProcessClient over an
+engine on a thread of this process, and a ShmClient of a real ``rte serve``
+daemon in another process) and uses only the public EngineClient interface.
+What only the daemon shows (zero copy, ownership across processes, crashes) is
+in test_daemon.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from daemon_harness import DaemonProcess
+
+from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
+from rte.client import Chunk, EngineClient, InProcessClient
+from rte.models import load_model
+from rte.models.null import tag_of
+
+ROWS = 3
+
+
+class Engines:
+    """Clients of one engine per model, in the form the test is parametrized with."""
+
+    def __init__(self, form: str, prefix: str) -> None:
+        self.form = form
+        self.prefix = prefix
+        self.daemons: dict[str, DaemonProcess] = {}
+        self.clients: list[EngineClient] = []
+
+    def client(self, model: str = "reference") -> EngineClient:
+        if self.form == "inprocess":
+            client: EngineClient = InProcessClient(
+                ComposedEngine(load_model(model, max_sessions=ROWS), lanes="cpu")
+            )
+        else:
+            daemon = self.daemons.get(model)
+            if daemon is None:
+                daemon = self.daemons[model] = DaemonProcess(
+                    f"{self.prefix}{model}",
+                    *("--model", model, "--max-sessions", str(ROWS), "--max-clients", "4"),
+                    *("--slab-slots", "16"),
+                )
+            client = daemon.client()
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for daemon in self.daemons.values():
+            assert daemon.stop() == 0, daemon.stderr
+
+
+@pytest.fixture(params=["inprocess", "shm"])
+def engine(request: pytest.FixtureRequest, shm_prefix: str) -> Iterator[Engines]:
+    engines = Engines(request.param, shm_prefix)
+    yield engines
+    engines.close()
+
+
+def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[Chunk]:
+    """The next ``n`` chunks of ``session`` (released; others are released and dropped)."""
+    got: list[Chunk] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {[c.chunk for c in got]} of {n} of {session}"
+        chunk = client.poll(timeout=1.0)
+        if chunk is None:
+            continue
+        with chunk:
+            if chunk.session == session:
+                got.append(chunk)
+    return got
+
+
+def indices(chunks: list[Chunk]) -> list[int]:
+    return [c.chunk for c in chunks]
+
+
+def test_chunks_arrive_in_order_shaped_and_read_only(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("a", {"prompt": "forest"})
+    client.attach("b")
+    assert client.sessions == {"a", "b"}
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    while min(len(v) for v in seen.values()) < 6:
+        chunk = client.poll(timeout=10)
+        assert chunk is not None
+        assert client.held() == 1
+        with chunk:
+            assert chunk.latent.shape == client.manifest.latent_shape
+            assert chunk.latent.dtype == np.dtype(client.manifest.latent_dtype)
+            assert not chunk.latent.flags.writeable
+            assert chunk.timing.emitted_ns >= chunk.timing.generated_ns > 0
+            seen[chunk.session].append(chunk.chunk)
+        assert chunk.released and client.held() == 0
+    for got in seen.values():
+        assert got == list(range(len(got)))
+
+
+def test_an_action_shows_in_every_later_chunk(engine: Engines) -> None:
+    client = engine.client("null")
+    client.attach("s")
+    before = take(client, "s", 3)
+    client.act("s", {"tag": 5})
+    stream = before + take(client, "s", 1)
+    while tag_of(stream[-1].latent) != 5:
+        stream += take(client, "s", 1)
+    stream += take(client, "s", 4)
+    tags = [tag_of(c.latent) for c in stream]
+    first = tags.index(5)
+    assert tags[first:] == [5] * (len(tags) - first)  # it stays, chunk after chunk
+    assert set(tags[:first]) <= {-1}
+    assert indices(stream) == list(range(len(stream)))
+    assert client.notices() == []
+
+
+def test_refused_requests_raise_or_tell_and_change_nothing(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("a")
+    with pytest.raises(RequestError, match="prompt must be a str"):
+        client.attach("bad", {"prompt": 3})
+    with pytest.raises(RequestError, match="'ghost' is not attached"):
+        client.detach("ghost")
+    with pytest.raises(RequestError, match="'ghost' is not attached"):
+        client.reset("ghost")
+    with pytest.raises(RequestError, match="reserved"):
+        client.attach("")
+    client.act("ghost", {"move": (0, 1)})
+    client.act("a", {"move": "sideways"})
+    errors: list[str] = []
+    deadline = time.monotonic() + 10
+    while len(errors) < 2:
+        assert time.monotonic() < deadline, errors
+        errors += [n.message for n in client.notices() if n.kind is NoticeKind.ERROR]
+        time.sleep(0.01)
+    assert any("'ghost' is not attached" in e for e in errors)
+    assert any("move must be two ints" in e for e in errors)
+    assert client.sessions == {"a"}
+    got = indices(take(client, "a", 4))
+    assert got == list(range(got[0], got[0] + 4))  # "a" streamed on, untouched
+
+
+def test_admission_beyond_capacity_then_rows_are_reused(engine: Engines) -> None:
+    client = engine.client()
+    for i in range(ROWS):
+        client.attach(f"s{i}")
+    with pytest.raises(AdmissionError, match="rows are in use"):
+        client.attach("one-too-many")
+    assert "one-too-many" not in client.sessions
+    client.detach("s0")
+    client.attach("one-too-many")
+    assert indices(take(client, "one-too-many", 2)) == [0, 1]
+
+
+def test_reset_restarts_identically_and_a_refused_one_changes_nothing(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("r", {"prompt": "p"})
+    first = [c.latent.copy() for c in take(client, "r", 3)]
+    client.reset("r")
+    assert client.sessions == {"r"}
+    stream = take(client, "r", 3)
+    while [c.chunk for c in stream[-3:]] != [0, 1, 2]:  # in-flight chunks of the old run
+        stream += take(client, "r", 1)
+    for old, new in zip(first, stream[-3:], strict=True):
+        np.testing.assert_array_equal(old, new.latent)
+    with pytest.raises(RequestError, match="prompt must be a str"):
+        client.reset("r", {"prompt": 3})
+    assert client.sessions == {"r"}
+    assert indices(take(client, "r", 2)) == [3, 4]  # it went on where it was
+
+
+def test_detach_ends_the_stream_after_its_in_flight_chunk(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("a")
+    client.attach("b")
+    seen = indices(take(client, "a", 3))
+    client.detach("a")
+    assert client.sessions == {"b"}
+    late: list[int] = []
+    others = 0
+    while others < 8 * ROWS:  # "b" streams on; what "a" had in flight comes first
+        chunk = client.poll(timeout=10)
+        assert chunk is not None
+        with chunk:
+            if chunk.session != "a":
+                others += 1
+                continue
+            assert others <= 4 * ROWS, f"chunk {chunk.chunk} of 'a' long after its detach"
+            late.append(chunk.chunk)
+    assert seen + late == list(range(len(seen) + len(late)))  # no gap
+
+
+def test_a_consumer_that_stops_reading_stalls_without_growing(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("a")
+    client.attach("b")
+    time.sleep(0.5)  # the engine could make thousands of chunks meanwhile
+    held = []
+    while (chunk := client.poll(timeout=0.3)) is not None:
+        held.append(chunk)
+        assert len(held) <= 4 * ROWS, "chunks kept coming while none was released"
+    assert client.held() == len(held) > 0
+    for chunk in held:
+        chunk.release()
+    assert client.held() == 0
+    stream = {s: [c.chunk for c in held if c.session == s] for s in "ab"}
+    more = {"a": 0, "b": 0}
+    while min(more.values()) < 2:  # released: both stream again, from where they were
+        chunk = client.poll(timeout=10)
+        assert chunk is not None
+        with chunk:
+            stream[chunk.session].append(chunk.chunk)
+            more[chunk.session] += 1
+    for got in stream.values():
+        assert got == list(range(len(got)))
+
+
+def test_calls_after_close_raise_client_closed(engine: Engines) -> None:
+    client = engine.client()
+    client.attach("a")
+    chunk = take(client, "a", 1)[0]
+    kept = client.poll(timeout=10)
+    assert kept is not None
+    client.close()
+    client.close()  # idempotent
+    assert client.closed
+    for call in (
+        lambda: client.attach("b"),
+        lambda: client.act("a", {"move": (0, 1)}),
+        lambda: client.reset("a"),
+        lambda: client.detach("a"),
+        lambda: client.poll(timeout=0.1),
+        client.notices,
+        lambda: next(client.results(timeout=0.1)),
+    ):
+        with pytest.raises(ClientClosedError, match="closed"):
+            call()
+    kept.release()  # a chunk held across close: released without harm
+    chunk.release()
+    assert client.held() == 0
+
+
+def test_a_client_is_a_context_manager(engine: Engines) -> None:
+    with engine.client() as client:
+        client.attach("a")
+        assert take(client, "a", 1)
+    assert client.closed
