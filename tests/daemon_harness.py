@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import psutil
 
-from rte.client import ShmClient, connect
+from rte.client import Chunk, EngineClient, ShmClient, connect
 from rte.ipc.control import KIND_CONTROL, Control, DaemonState
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import Bye, encode_request
@@ -64,6 +64,21 @@ class DaemonProcess:
             return self.stderr
         self._log.seek(0)
         return self._log.read()
+
+
+def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[Chunk]:
+    """The next ``n`` chunks of ``session`` (released; others are released and dropped)."""
+    got: list[Chunk] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {[c.chunk for c in got]} of {n} of {session}"
+        chunk = client.poll(timeout=1.0)
+        if chunk is None:
+            continue
+        with chunk:
+            if chunk.session == session:
+                got.append(chunk)
+    return got
 
 
 def leftovers(name: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, take
 
 from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
 from rte.client import Chunk, EngineClient, InProcessClient
@@ -62,21 +62,6 @@ def engine(request: pytest.FixtureRequest, shm_prefix: str) -> Iterator[Engines]
     engines = Engines(request.param, shm_prefix)
     yield engines
     engines.close()
-
-
-def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[Chunk]:
-    """The next ``n`` chunks of ``session`` (released; others are released and dropped)."""
-    got: list[Chunk] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n:
-        assert time.monotonic() < deadline, f"only {[c.chunk for c in got]} of {n} of {session}"
-        chunk = client.poll(timeout=1.0)
-        if chunk is None:
-            continue
-        with chunk:
-            if chunk.session == session:
-                got.append(chunk)
-    return got
 
 
 def indices(chunks: list[Chunk]) -> list[int]:

@@ -20,6 +20,7 @@ from daemon_harness import (
     leftovers,
     mapped_file,
     slab_file,
+    take,
     wait_for,
 )
 from hypothesis import HealthCheck, given, settings
@@ -46,18 +47,8 @@ def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     assert code == 0, d.stderr
 
 
-def _chunks(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[int]:
-    got: list[int] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n:
-        assert time.monotonic() < deadline, f"only {got[-3:]} of {n} chunks of {session}"
-        chunk = client.poll(timeout=1.0)
-        if chunk is None:
-            continue
-        with chunk:
-            if chunk.session == session:
-                got.append(chunk.chunk)
-    return got
+def _chunks(client: EngineClient, session: str, n: int) -> list[int]:
+    return [chunk.chunk for chunk in take(client, session, n)]
 
 
 def _control(name: str) -> Control:
