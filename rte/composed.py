@@ -88,6 +88,7 @@ class ComposedEngine:
         self._deferred = [s for s in stages if s.lane is Lane.DEFERRED]
         self._encode = [s for s in stages if s.lane is Lane.ENCODE]
         self._heavy = model.heavy_keys()
+        self._keys = model.conditioning_keys()
         if not self._hot or not self._deferred:
             raise ValueError(
                 f"{type(model).__name__} needs at least one HOT stage (makes the latent) "
@@ -127,7 +128,7 @@ class ComposedEngine:
                 f"session {session!r} refused: all {n} rows are in use; "
                 "detach a session or retry later"
             )
-        self._model.check_conditioning(conditioning or {})
+        self._check_conditioning(conditioning or {})
         row = _Row(free, session, copy.deepcopy(dict(conditioning or {})))
         self._rows[free] = row
         self._by_session[session] = row
@@ -182,7 +183,7 @@ class ComposedEngine:
         """Raise now what ``step`` would refuse this action for (unknown session,
         malformed conditioning), so a host can answer its sender at once."""
         self._lookup(session)
-        self._model.check_conditioning(action.conditioning)
+        self._check_conditioning(action.conditioning)
 
     # -- introspection ----------------------------------------------------
 
@@ -314,7 +315,7 @@ class ComposedEngine:
         rejected = {}
         for row, action in rows:
             try:
-                self._model.check_conditioning(action.conditioning)
+                self._check_conditioning(action.conditioning)
             except ValueError as exc:
                 rejected[row.session] = f"action refused: {exc}"
                 continue
@@ -374,6 +375,16 @@ class ComposedEngine:
             conditioning=conditioning,
             generated_ns=started,
         )
+
+    def _check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
+        """ValueError for a key the model does not take, or a value it refuses."""
+        if self._keys is not None and not self._keys.issuperset(conditioning):
+            unknown = ", ".join(repr(k) for k in sorted(set(conditioning) - self._keys))
+            raise ValueError(
+                f"unknown conditioning key {unknown}: {self._manifest.model or 'this model'} "
+                f"takes {', '.join(sorted(self._keys))}"
+            )
+        self._model.check_conditioning(conditioning)
 
     def _live(self) -> list[_Row]:
         return [r for r in self._rows if r is not None]

@@ -81,6 +81,12 @@ class EngineClosedError(RteError):
     """A call on an in-process engine after its ``close()``."""
 
 
+class ConfigurationError(RteError, ValueError):
+    """A daemon was asked to start with settings that cannot hold: a bad name, a
+    model that cannot be loaded, sizes that do not fit together. Nothing was
+    created; ``rte serve`` says which setting and exits 2. Also a ValueError."""
+
+
 class DaemonRunningError(RteError):
     """``rte serve`` found a live daemon of the same name owning the shared
     memory; the new one refuses to start (exit code 2) and the first runs on."""

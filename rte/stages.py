@@ -105,6 +105,14 @@ class StageModel(abc.ABC):
         """Whether to seed the pending rows now (default: as soon as any is pending)."""
         return bool(pending)
 
+    def conditioning_keys(self) -> frozenset[str] | None:
+        """The conditioning keys this model takes; None takes any key.
+
+        The engine refuses any other key on attach and on every action, so a
+        typo (``mvoe``) is an error for its sender, never silently ignored.
+        """
+        return None
+
     def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
         """Raise ValueError, saying what is wrong, if ``conditioning`` is malformed.
 

@@ -350,14 +350,28 @@ def wait_any(
     doorbell: Doorbell,
     timeout: float,
     ready: Callable[[], bool] | None = None,
+    *,
+    policy: WaitPolicy = WaitPolicy.BLOCK,
+    spin_us: float = 50.0,
 ) -> bool:
-    """Sleep until any of ``rings`` holds a record, or ``timeout`` s pass.
+    """Wait by ``policy`` until any of ``rings`` holds a record, or ``timeout`` s pass.
 
-    Every ring's producer must ring this ``doorbell``. ``ready`` is any other
-    condition to wake for; it is checked after the sleep is announced, and its
-    producers must call :meth:`Ring.wake` after making it true. True when woken
-    or already ready; False on timeout.
+    ``spin`` polls the rings for a slice and yields (the caller comes back);
+    ``spin-then-block`` polls for ``spin_us`` first, then sleeps like
+    ``block``. Every ring's producer must ring this ``doorbell``. ``ready`` is
+    any other condition to wake for; it is checked after the sleep is
+    announced, and its producers must call :meth:`Ring.wake` after making it
+    true. True when woken or already ready; False on timeout.
     """
+    if policy is not WaitPolicy.BLOCK:
+        spin_ns = SPIN_SLICE_NS if policy is WaitPolicy.SPIN else int(spin_us * 1000)
+        end = time.monotonic_ns() + min(spin_ns, int(timeout * 1e9))
+        while time.monotonic_ns() < end:
+            if any(lib.shm_ring_used(ring._ptr) for ring in rings):
+                return True
+        if policy is WaitPolicy.SPIN:
+            os.sched_yield()  # let a peer on this core run
+            return False
     prepared: list[Ring] = []
     try:
         for ring in rings:

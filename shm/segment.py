@@ -76,12 +76,19 @@ class Segment:
     """One mapped segment. Build with :meth:`create` or :meth:`open`."""
 
     def __init__(
-        self, name: str, mapping: mmap.mmap, *, owner: bool, readonly: bool = False
+        self,
+        name: str,
+        mapping: mmap.mmap,
+        *,
+        owner: bool,
+        readonly: bool = False,
+        whole: mmap.mmap | None = None,
     ) -> None:
         self.name = name
         self.owner = owner
         self.readonly = readonly
-        self._mmap: mmap.mmap | None = mapping
+        self._mmap: mmap.mmap | None = mapping  # what ptr/word/bytes_at reach
+        self._whole = whole  # the whole segment, read-only, when ``mapping`` is a prefix
         self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=not readonly)
         _, _, kind, size, pid, start, created = _HEADER.unpack_from(mapping, 0)
         self.kind = kind
@@ -119,36 +126,65 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, name: str, *, kind: int | None = None, readonly: bool = False) -> Segment:
+    def open(
+        cls,
+        name: str,
+        *,
+        kind: int | None = None,
+        readonly: bool = False,
+        writable_below: int | None = None,
+    ) -> Segment:
         """Map the existing segment ``name``; refuse foreign or other-version ones.
 
         ``readonly`` maps it without write permission (an inspector's view): any
         write through it is refused by the kernel, so looking cannot disturb.
+        ``writable_below`` maps only the bytes below that offset (page-rounded)
+        writable and the rest read-only: a reader's view of a slab, whose state
+        words it must write but whose data it must never be able to.
+
+        Raises:
+            SegmentNotFoundError: no segment of that name.
+            SegmentError: it belongs to another user (permission denied).
+            ForeignSegmentError, SegmentVersionError: not one of ours, or another layout.
         """
+        split = writable_below is not None
         try:
-            shm = posix_ipc.SharedMemory(name, read_only=readonly)
+            shm = posix_ipc.SharedMemory(name, read_only=readonly or split)
+            prefix = posix_ipc.SharedMemory(name) if split and not readonly else None
         except posix_ipc.ExistentialError:
             raise SegmentNotFoundError(f"no shared-memory segment {name}") from None
+        except posix_ipc.PermissionsError:
+            raise SegmentError(
+                f"{name} belongs to another user (permission denied); daemons are per user"
+            ) from None
+        mappings: list[mmap.mmap] = []
         try:
             actual = os.fstat(shm.fd).st_size
             if actual < HEADER_SIZE:
                 raise ForeignSegmentError(
                     f"{name} is not an rte segment ({actual} bytes, smaller than a header)"
                 )
-            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
-            mapping = mmap.mmap(shm.fd, actual, access=access)
+            access = mmap.ACCESS_READ if readonly or split else mmap.ACCESS_WRITE
+            mappings.append(mmap.mmap(shm.fd, actual, access=access))
+            if prefix is not None:
+                assert writable_below is not None
+                size = min(page_align(max(writable_below, HEADER_SIZE)), actual)
+                mappings.append(mmap.mmap(prefix.fd, size, access=mmap.ACCESS_WRITE))
+            return cls._checked(name, mappings, actual, kind, readonly)
+        except BaseException:
+            for mapping in mappings:
+                mapping.close()
+            raise
         finally:
             shm.close_fd()
-        try:
-            return cls._checked(name, mapping, actual, kind, readonly)
-        except BaseException:
-            mapping.close()
-            raise
+            if prefix is not None:
+                prefix.close_fd()
 
     @classmethod
     def _checked(
-        cls, name: str, mapping: mmap.mmap, actual: int, kind: int | None, readonly: bool
+        cls, name: str, mappings: list[mmap.mmap], actual: int, kind: int | None, readonly: bool
     ) -> Segment:
+        mapping = mappings[0]
         base = ffi.from_buffer("char[]", mapping)
         try:
             magic = lib.shm_load_acquire(ffi.cast("uint64_t *", base))  # pairs with create
@@ -168,6 +204,8 @@ class Segment:
             raise ForeignSegmentError(f"{name} header says {size} bytes but the file has {actual}")
         if kind is not None and seg_kind != kind:
             raise ForeignSegmentError(f"{name} is a segment of kind {seg_kind}, expected {kind}")
+        if len(mappings) == 2:  # the writable prefix for ptr/word, the whole read-only
+            return cls(name, mappings[1], owner=False, whole=mapping)
         return cls(name, mapping, owner=False, readonly=readonly)
 
     def creator_alive(self) -> bool:
@@ -178,9 +216,12 @@ class Segment:
         if self._mmap is None:
             return
         ffi.release(self._base)
-        mapping, self._mmap = self._mmap, None
-        with contextlib.suppress(BufferError):  # a caller holds a view: it goes with the last
-            mapping.close()
+        mappings = [self._mmap, self._whole]
+        self._mmap = self._whole = None
+        for mapping in mappings:
+            if mapping is not None:
+                with contextlib.suppress(BufferError):  # a view is held: it goes with the last
+                    mapping.close()
 
     def unlink(self) -> None:
         """Remove the name (creator's duty); mappings stay valid until closed."""
@@ -201,7 +242,8 @@ class Segment:
 
     def ptr(self, offset: int) -> Any:
         """A ``char *`` at ``offset`` (for the C functions)."""
-        self._live()
+        if offset >= len(self._live()):
+            raise SegmentError(f"offset {offset} of {self.name} is not mapped writable here")
         return self._base + offset
 
     def word(self, offset: int) -> Any:
@@ -228,7 +270,11 @@ class Segment:
             raise ValueError(
                 f"view of {count} x {dtype} at {offset} is outside segment {self.name}"
             )
-        view = np.frombuffer(self._live(), dtype=dtype, count=count, offset=offset).reshape(shape)
+        mapping = self._live() if self._whole is None or not readonly else self._whole
+        end = offset + count * dtype.itemsize
+        if end > len(mapping):
+            raise SegmentError(f"{self.name} is mapped read-only from {len(mapping)} on here")
+        view = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset).reshape(shape)
         if readonly:
             view.flags.writeable = False
         return view

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from shm import cuda
 from shm.errors import SegmentError, StaleSlot, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment, page_align
@@ -181,6 +181,24 @@ class Slab:
         self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
         self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
 
+    @classmethod
+    def open_reader(cls, name: str, offset: int, *, kind: int | None = None) -> Slab:
+        """Open the slab at ``offset`` of segment ``name`` as a reader sees it.
+
+        The slots are mapped read-only, so a reader cannot write into anyone's
+        data by any means (not even by setting a view's ``writeable`` flag);
+        only the slot state words are writable, for :meth:`release`. The caller
+        closes ``slab.segment``.
+        """
+        with Segment.open(name, kind=kind, readonly=True) as probe:  # where the slots begin
+            data_offset = cls(probe, offset).data_offset
+        segment = Segment.open(name, kind=kind, writable_below=data_offset)
+        try:
+            return cls(segment, offset)
+        except BaseException:
+            segment.close()
+            raise
+
     @staticmethod
     def footprint(offset: int, slots: int, slot_bytes: int, max_owners: int) -> int:
         """Bytes from ``offset`` to the end of such a slab (metadata, alignment, slots)."""
@@ -327,48 +345,29 @@ class Slab:
     # -- CUDA -------------------------------------------------------------
 
     def pin(self) -> bool:
-        """Register the slots as page-locked with CUDA; False (a no-op) without it.
+        """Register the slots as page-locked with CUDA; False (a no-op) without
+        torch with CUDA already imported (see :mod:`shm.cuda`).
 
         Raises:
             SegmentError: cudaHostRegister refused the slots.
         """
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
-            return False
-        if not self._pinned:
-            size = self.slots * self.slot_size
-            cudart = torch.cuda.cudart()
-            rc = cudart.cudaHostRegister(self.slot_address(0), size, 0)
-            if int(rc) != 0:
-                raise SegmentError(
-                    f"cudaHostRegister of the {size:,} slot bytes of {self.segment.name} "
-                    f"failed with {_cuda_error(cudart, rc)}; the slab works unpinned "
-                    "(slower copies from the GPU)"
-                )
-            self._pinned = True
-        return True
+        if self._pinned:
+            return True
+        self._pinned = cuda.register(
+            self.slot_address(0), self.slots * self.slot_size, self.segment.name
+        )
+        return self._pinned
 
     def unpin(self) -> None:
         """Undo :meth:`pin` (before the segment is closed); a no-op when not pinned.
 
         Raises:
-            SegmentError: cudaHostUnregister refused. The slab counts as unpinned
-                afterwards either way; the pages may stay locked until the
-                process exits. CUDA also keeps the failure as its last error,
-                which torch reports again at its next CUDA call.
+            SegmentError: cudaHostUnregister refused; the slab counts as unpinned
+                either way (see :func:`shm.cuda.unregister`).
         """
-        if not self._pinned:
-            return
-        self._pinned = False
-        cudart = sys.modules["torch"].cuda.cudart()
-        rc = cudart.cudaHostUnregister(self.slot_address(0))
-        if int(rc) != 0:
-            raise SegmentError(
-                f"cudaHostUnregister of the slots of {self.segment.name} failed with "
-                f"{_cuda_error(cudart, rc)}; the pages may stay page-locked until this "
-                "process exits (unpin from the process and CUDA context that pinned them, "
-                "before closing the segment)"
-            )
+        if self._pinned:
+            self._pinned = False
+            cuda.unregister(self.slot_address(0), self.segment.name)
 
     # -- helpers ----------------------------------------------------------
 
@@ -413,12 +412,3 @@ class Slab:
                 f"slot {slot} does not exist in {self.segment.name} (the slab has "
                 f"{self.slots}); the reference is not from this slab"
             )
-
-
-def _cuda_error(cudart: Any, rc: Any) -> str:
-    """A CUDA runtime status as its number and CUDA's own words for it."""
-    try:
-        words = str(cudart.cudaGetErrorString(rc))
-    except Exception:  # an older torch without it: the number alone
-        return f"CUDA error {int(rc)}"
-    return f"CUDA error {int(rc)} ({words})"

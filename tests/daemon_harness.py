@@ -3,12 +3,14 @@ one as a raw client would (fault injection: records no honest client sends)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -19,14 +21,23 @@ from rte.ipc.wire import Bye, encode_request
 from shm import Doorbell, Ring, Segment
 from shm.names import SHM_DIR
 
+TESTS = Path(__file__).resolve().parent
+
 
 class DaemonProcess:
-    def __init__(self, name: str, *args: str) -> None:
+    """``rte serve --name NAME ARGS`` in a child process (tests/ on its path, for
+    models the tests define), its stderr kept in a file."""
+
+    def __init__(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.name = name
         command = [sys.executable, "-m", "rte", "serve", "--name", name, *args]
+        path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+        environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
         # stderr to a file, not a pipe: a chatty daemon must never block on a full pipe
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as we do)
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=self._log, env=environment
+        )
         self.stderr = ""
 
     def client(self, timeout: float = 30.0) -> ShmClient:
@@ -111,12 +122,16 @@ class RawClient:
         self.control = Control(self.segment)
         wait_for(lambda: self.control.state is DaemonState.READY, what="a ready daemon")
         me = psutil.Process()
-        index = self.control.claim(me.pid, me.create_time())
-        assert index is not None, "no free client slot"
+        claimed = self.control.table.claim(me.pid, me.create_time())
+        assert claimed is not None, "no free client slot"
+        index, generation = claimed
         self.index = index
         self.bell = Doorbell(names.bell)
         self.inbox = Ring(self.segment, self.control.layout.inbox(index), doorbell=self.bell)
         self.outbox = Ring(self.segment, self.control.layout.outbox(index), policy="spin")
+        self.inbox.reset()
+        self.outbox.reset()
+        assert self.control.table.activate(index, generation)
         self.bell.ring()
 
     def close(self) -> None:

@@ -117,16 +117,20 @@ def test_refused_requests_raise_or_tell_and_change_nothing(engine: Engines) -> N
         client.reset("ghost")
     with pytest.raises(RequestError, match="reserved"):
         client.attach("")
+    with pytest.raises(RequestError, match="unknown conditioning key 'mvoe'"):
+        client.attach("typo", {"mvoe": (0, 1)})
     client.act("ghost", {"move": (0, 1)})
     client.act("a", {"move": "sideways"})
+    client.act("a", {"mvoe": (0, 1)})
     errors: list[str] = []
     deadline = time.monotonic() + 10
-    while len(errors) < 2:
+    while len(errors) < 3:
         assert time.monotonic() < deadline, errors
         errors += [n.message for n in client.notices() if n.kind is NoticeKind.ERROR]
         time.sleep(0.01)
     assert any("'ghost' is not attached" in e for e in errors)
     assert any("move must be two ints" in e for e in errors)
+    assert any("unknown conditioning key 'mvoe': reference takes move, prompt" in e for e in errors)
     assert client.sessions == {"a"}
     got = indices(take(client, "a", 4))
     assert got == list(range(got[0], got[0] + 4))  # "a" streamed on, untouched

@@ -105,7 +105,7 @@ def test_a_client_killed_mid_stream_is_reaped_and_others_see_no_gap(
         assert stream == list(range(len(stream)))  # every chunk, in order
         control = _control(daemon.name)
         wait_for(lambda: control.counters()["dead_clients_reaped"] == 1, what="reaping")
-        entry = control.client(victim_index)
+        entry = control.table.entry(victim_index)
         assert entry.state.name == "FREE" and entry.sessions == 0
         control.segment.close()
         client.attach("v0")  # its rows were given back

@@ -70,8 +70,19 @@ def test_values_round_trip_exactly(value: object) -> None:
         assert conditioning_equal(back, value)
 
 
+array_headers = st.builds(  # arrays whose shapes hold few bytes but absurd sides
+    lambda dims: (
+        bytes([10, 3])
+        + b"<f4"
+        + bytes([len(dims)])
+        + b"".join(d.to_bytes(8, "little") for d in dims)
+    ),
+    st.lists(st.sampled_from([0, 1, 2, 2**31, 2**32 + 1, 2**63, 2**64 - 1]), max_size=4),
+)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200))
+@given(st.one_of(st.binary(max_size=200), array_headers))
 def test_random_bytes_decode_or_raise_wire_error(data: bytes) -> None:
     for decoder in (decode_request, decode_reply, decode_value):
         with contextlib.suppress(WireError):
@@ -162,3 +173,11 @@ def test_hostile_values_are_bounded() -> None:
         encode_value({"f": object()})
     with pytest.raises(WireError, match="cannot be sent"):
         encode_value(np.array([object()]))
+
+
+def test_an_array_with_a_zero_side_and_an_absurd_one_is_refused() -> None:
+    # no bytes to read, but no array NumPy can make either: a WireError, not a ValueError
+    header = bytes([10, 3]) + b"<f4" + bytes([2])
+    raw = header + (0).to_bytes(8, "little") + (2**63).to_bytes(8, "little")
+    with pytest.raises(WireError, match="no array of shape"):
+        decode_value(raw)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from rte.errors import ConfigurationError
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             wait_policy=args.wait_policy,
             idle_limit_s=args.idle_limit_s,
         )
-    except ValueError as exc:
+    except ConfigurationError as exc:
         print(f"rte serve: {exc}", file=sys.stderr)
         return 2
     return run_from_command_line(settings)

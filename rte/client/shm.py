@@ -20,6 +20,7 @@ becomes the :mod:`rte.errors` class that says what it means for the caller.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -29,7 +30,8 @@ import psutil
 from rte.client.base import Chunk, EngineClient
 from rte.contract import Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, EngineGone, RequestTimeout, WireError
-from rte.ipc.control import KIND_CONTROL, KIND_SLAB, ClientState, Control, DaemonState
+from rte.ipc.claims import ClientState
+from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import Bye, ChunkRef, decode_reply, encode_request
 from rte.serve import Request
@@ -72,6 +74,8 @@ class ShmClient(EngineClient):
         spin_us: float = 50.0,
     ) -> None:
         names = DaemonNames(name)
+        self.name = name
+        self.index, self._generation = -1, 0  # the client slot, once claimed
         deadline = time.monotonic() + timeout
         self._segment = _open_control(names, deadline)
         self._opened: list[Segment | Doorbell] = [self._segment]
@@ -80,29 +84,51 @@ class ShmClient(EngineClient):
             self._checked = 0.0
             self._control = Control(self._segment)
             super().__init__(name, self._ready_manifest(deadline))
-            self.index = self._claim(deadline)
-            layout = self._control.layout
-            slab_segment = self._own(Segment.open(names.slab, kind=KIND_SLAB))
-            self._slab = Slab(slab_segment, HEADER_SIZE)
+            self._table = self._control.table
+            self._slab = Slab.open_reader(names.slab, HEADER_SIZE, kind=KIND_SLAB)
+            self._own(self._slab.segment)
             self._bell = self._own(Doorbell(names.bell))
-            my_bell = self._own(Doorbell(names.client_bell(self.index)))
-        except ShmError as exc:
+            self._join(names, deadline, policy, spin_us)
+            self._bell.ring()  # wake an idle daemon so that it adopts us now
+        except BaseException as exc:
+            self._give_back_slot()
             self._close_mappings()
-            raise EngineGone(f"daemon {name!r} could not be joined: {exc}") from None
-        except BaseException:
-            self._close_mappings()
+            if isinstance(exc, ShmError):
+                raise EngineGone(f"daemon {name!r} could not be joined: {exc}") from None
             raise
-        self._generation = self._control.client(self.index).generation
-        self._inbox = Ring(self._segment, layout.inbox(self.index), doorbell=self._bell)
-        self._outbox = Ring(
-            self._segment,
-            layout.outbox(self.index),
-            doorbell=my_bell,
-            policy=policy,
-            spin_us=spin_us,
-        )
         self._dtype = np.dtype(self.manifest.latent_dtype)
-        self._bell.ring()  # wake an idle daemon so that it adopts us now
+
+    def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> None:
+        """Claim a client slot, set up its rings, and activate it (claiming again
+        in the rare case the daemon took a slow claim for abandoned)."""
+        me = psutil.Process()
+        layout = self._control.layout
+        while True:
+            self.index, self._generation = self._claim(me.pid, me.create_time(), deadline)
+            my_bell = self._own(Doorbell(names.client_bell(self.index)))
+            self._inbox = Ring(self._segment, layout.inbox(self.index), doorbell=self._bell)
+            self._outbox = Ring(
+                self._segment,
+                layout.outbox(self.index),
+                doorbell=my_bell,
+                policy=policy,
+                spin_us=spin_us,
+            )
+            # The slot is ours alone until it is ACTIVE: empty its rings of anything
+            # a previous holder wrote after it left, then let the daemon adopt it.
+            self._inbox.reset()
+            self._outbox.reset()
+            if self._table.activate(self.index, self._generation):
+                return
+            self._opened.remove(my_bell)
+            my_bell.close()
+
+    def _give_back_slot(self) -> None:
+        """A failed connect: the claim (or the slot, if active already) goes back."""
+        if self.index >= 0:
+            with contextlib.suppress(Exception):  # what cannot be said, the daemon reaps
+                if not self._table.abandon(self.index, self._generation):
+                    self._table.leave(self.index, self._generation)
 
     def _own(self, thing: Any) -> Any:
         self._opened.append(thing)
@@ -117,21 +143,20 @@ class ShmClient(EngineClient):
         self._check()
         return self._control.manifest()
 
-    def _claim(self, deadline: float) -> int:
+    def _claim(self, pid: int, start: float, deadline: float) -> tuple[int, int]:
         """Take a client slot; while one is being freed (a client leaving), wait for it."""
-        me = psutil.Process()
-        while (index := self._control.claim(me.pid, me.create_time())) is None:
-            states = {entry.state for entry in self._control.clients()}
-            if not states & {ClientState.CLOSING, ClientState.CLAIMED} or (
+        while (claimed := self._table.claim(pid, start)) is None:
+            busy = {entry.state for entry in self._table.entries()}
+            if not busy & {ClientState.CLOSING, ClientState.CLAIMED} or (
                 time.monotonic() >= deadline
             ):
                 raise AdmissionError(
-                    f"daemon {self.name!r} serves {self._control.layout.max_clients} clients "
+                    f"daemon {self.name!r} serves {self._table.max_clients} clients "
                     "already; close one or start the daemon with more --max-clients"
                 )
             self._check()
             time.sleep(0.005)
-        return index
+        return claimed
 
     # -- transport --------------------------------------------------------
 
@@ -159,7 +184,7 @@ class ShmClient(EngineClient):
                 f"daemon {self.name!r}: this client's outbox is unreadable: {exc}"
             ) from None
         if records:
-            self._control.note_pop(self.index)
+            self._table.note_pop(self.index)
         out: list[Chunk | Notice] = []
         for raw in records:
             try:
@@ -189,8 +214,13 @@ class ShmClient(EngineClient):
         """Say BYE and wait (bounded) until the daemon has freed our slot, so a
         connect or attach right after close finds the room this client had."""
         try:
+            if self._table.give_back_revoked(self.index, self._generation):
+                return  # disconnected already: nobody reads our rings
             if self._daemon_alive():
-                self._inbox.push(encode_request(Bye()), LEAVE_TIMEOUT_S)
+                try:
+                    self._inbox.push(encode_request(Bye()), LEAVE_TIMEOUT_S)
+                except RingFull:  # it does not read us: leave by the table instead
+                    self._table.leave(self.index, self._generation)
                 self._wait_until_freed(time.monotonic() + LEAVE_TIMEOUT_S)
         except (ShmError, EngineGone):
             pass  # the daemon reaps what we could not say goodbye to
@@ -199,7 +229,7 @@ class ShmClient(EngineClient):
 
     def _wait_until_freed(self, deadline: float) -> None:
         while time.monotonic() < deadline and self._daemon_alive():
-            entry = self._control.client(self.index)
+            entry = self._table.entry(self.index)
             if entry.state is ClientState.FREE or entry.generation != self._generation:
                 return
             time.sleep(0.001)
@@ -219,6 +249,11 @@ class ShmClient(EngineClient):
         time; the process table (slower) at most every 100 ms."""
         if self._control.state is DaemonState.STOPPING:
             raise EngineGone(f"daemon {self.name!r} is stopping")
+        if self.index >= 0 and self._table.state(self.index) is ClientState.REVOKED:
+            raise EngineGone(
+                f"daemon {self.name!r} disconnected this client: it sent requests without "
+                "reading their answers (poll or notices); close it and connect again"
+            )
         now = time.monotonic()
         if now - self._checked >= LIVENESS_EVERY_S:
             if not is_alive(*self._daemon):

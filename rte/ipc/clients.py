@@ -12,10 +12,14 @@ A client claims a slot of the control segment's client table itself
 - pick the **due** sessions fairly: a session steps only while its owner has
   slab quota left (a client that holds all its slots stalls only its own
   sessions), and a client with more sessions than room rotates which go first;
-- spot clients that stopped consuming (the **idle** limit).
+- spot clients that stopped consuming (the **idle** limit), and clients that
+  flood requests without reading the answers (**overflowing**).
 
 Answers to a client go out on its outbox ring; when the ring is full they wait
-in a backlog bounded in bytes, never growing without limit.
+in a backlog bounded in bytes, never growing without limit. Past the bound an
+answer is dropped and counted: the client is told how many once it reads
+again, and a client that keeps its backlog overflowing is disconnected
+(**revoke**: its slot turns REVOKED, which it sees at its next call).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from rte.ipc.control import ClientState, Control
+from rte.ipc.claims import ClientState
+from rte.ipc.control import Control
 from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
 
 log = logging.getLogger("rte.daemon")
@@ -45,12 +50,14 @@ class Connection:
     sessions: list[str] = field(default_factory=list)
     backlog: collections.deque[bytes] = field(default_factory=collections.deque)
     backlog_bytes: int = 0
+    dropped: int = 0  # answers dropped since the client was last told
+    overflowing_since: float | None = None
     stalled_since: float | None = None
     turn: int = 0
 
     def send(self, record: bytes) -> bool:
-        """Push now, or queue behind earlier records; False (nothing queued)
-        when the backlog holds its limit in bytes already."""
+        """Push now, or queue behind earlier records; False (nothing queued,
+        the drop counted) when the backlog holds its limit in bytes already."""
         if not self.backlog:
             try:
                 self.outbox.push_nowait(record)
@@ -58,6 +65,8 @@ class Connection:
             except RingFull:
                 pass
         if self.backlog_bytes + len(record) > self.backlog_limit:
+            self.dropped += 1
+            self.overflowing_since = self.overflowing_since or time.monotonic()
             return False
         self.backlog.append(record)
         self.backlog_bytes += len(record)
@@ -71,6 +80,7 @@ class Connection:
             except RingFull:
                 return
             self.backlog_bytes -= len(self.backlog.popleft())
+        self.overflowing_since = None  # all out: it reads again
 
 
 class ClientTable:
@@ -96,18 +106,23 @@ class ClientTable:
         """Adopt new clients, free abandoned claims; returns the dead connections
         (still in the table: detach their sessions, then :meth:`remove` them)."""
         dead = []
-        for entry in self.control.clients():
+        table = self.control.table
+        for entry in table.entries():
             known = self.connections.get(entry.index)
             if known is not None:
-                if not is_alive(known.pid, known.start):
+                if entry.state is ClientState.CLOSING:  # it left without a BYE
+                    dead.append(known)
+                elif not is_alive(known.pid, known.start):
                     log.warning("client %d (pid %d) died; reclaiming", known.index, known.pid)
                     dead.append(known)
             elif entry.state is ClientState.ACTIVE:
                 self._adopt(entry.index, entry.pid, entry.start)
+            elif entry.state is ClientState.REVOKED and not is_alive(entry.pid, entry.start):
+                table.give_back_revoked(entry.index, entry.generation)
             elif entry.state is ClientState.CLAIMED:
-                age = (time.monotonic_ns() - self.control.last_pop_ns(entry.index)) / 1e9
+                age = (time.monotonic_ns() - entry.last_pop_ns) / 1e9
                 if age > CLAIM_GRACE_S:  # its claimer died before finishing the claim
-                    self.control.set_client_state(entry.index, ClientState.FREE)
+                    table.abandon(entry.index, entry.generation)
         return dead
 
     def _adopt(self, index: int, pid: int, start: float) -> None:
@@ -119,20 +134,34 @@ class ClientTable:
         self.connections[index] = Connection(index, pid, start, inbox, outbox, self.backlog_limit)
         log.info("client %d (pid %d) connected; %d clients", index, pid, len(self.connections))
 
-    def remove(self, connection: Connection) -> None:
-        """Give back everything a gone client held; its slot becomes FREE."""
-        index = connection.index
-        self.control.set_client_state(index, ClientState.CLOSING)
+    def remove(self, connection: Connection, *, revoked: bool = False) -> None:
+        """Give back everything a client held (its sessions are detached already).
+
+        Its slot becomes FREE for the next client, or, when the client is
+        alive and ``revoked``, REVOKED until it leaves or dies: its rings are
+        no longer read either way.
+        """
+        index, table = connection.index, self.control.table
+        table.set_state(index, ClientState.CLOSING)
         del self.connections[index]
         self.slab.reclaim(index)
         connection.inbox.reset()
         connection.outbox.reset()
-        self.control.set_client_sessions(index, 0)
-        self.control.set_client_state(index, ClientState.FREE)  # last: a claim may follow
+        table.set_sessions(index, 0)
+        table.set_state(index, ClientState.REVOKED if revoked else ClientState.FREE)  # last
+
+    def overflowing(self, now: float, limit: float) -> list[Connection]:
+        """Connections that have dropped answers for more than ``limit`` seconds
+        on end: they send requests and do not read what comes back."""
+        return [
+            c
+            for c in self.connections.values()
+            if c.overflowing_since is not None and now - c.overflowing_since > limit
+        ]
 
     def publish_sessions(self, connection: Connection) -> None:
         """Show the connection's session count in the table (for inspectors)."""
-        self.control.set_client_sessions(connection.index, len(connection.sessions))
+        self.control.table.set_sessions(connection.index, len(connection.sessions))
 
     def room(self, connection: Connection) -> int:
         """Slab slots the connection may still take."""
@@ -170,7 +199,7 @@ class ClientTable:
                 c.stalled_since = None
                 continue
             c.stalled_since = c.stalled_since or now
-            last_pop = self.control.last_pop_ns(c.index) / 1e9
+            last_pop = self.control.table.last_pop_ns(c.index) / 1e9
             if now - max(c.stalled_since, last_pop) > limit:
                 c.stalled_since = None
                 idle.append(c)

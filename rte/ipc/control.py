@@ -2,7 +2,7 @@
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON)
-    page 2...       client table: one 128-byte entry per client slot
+    page 2...       client table: one 128-byte entry per client slot (rte.ipc.claims)
     then            per client slot, two rings: inbox (client -> daemon), outbox
 
 Every word that two processes write is read and written through the C atomics
@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rte.contract import Manifest
+from rte.ipc.claims import ENTRY, ClaimTable
 from shm import Ring, Segment, SegmentError
 from shm.native import lib
 from shm.segment import HEADER_SIZE, PAGE, page_align
@@ -36,20 +37,12 @@ KIND_CONTROL = 0x52544531  # "RTE1"
 KIND_SLAB = 0x52544532  # "RTE2"
 MAX_MANIFEST = 3000
 MAX_CLIENTS = 1024
-CLIENT_ENTRY = 128
 
 
 class DaemonState(enum.IntEnum):
     STARTING = 0
     READY = 1
     STOPPING = 2
-
-
-class ClientState(enum.IntEnum):
-    FREE = 0
-    CLAIMED = 1  # a client took the slot; the daemon has not seen it yet
-    ACTIVE = 2  # the daemon serves it
-    CLOSING = 3  # said BYE, or found dead: the daemon is reclaiming it
 
 
 class Counter(enum.IntEnum):
@@ -66,15 +59,14 @@ class Counter(enum.IntEnum):
     LAST_ERROR_NS = 8
     FIRST_ERROR_NS = 9
     NOTICES_DROPPED = 10  # answers lost to a client whose ring and backlog were full
+    CLIENTS_DISCONNECTED = 11  # clients revoked for not reading their answers
 
 
-N_COUNTERS = 16
 # daemon block word offsets (bytes from the block start)
 _STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS = 0, 8, 16, 32
 _SETTINGS = 64  # max_clients, ring_capacity
-_COUNTERS = 128
+_COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
-_CLIENT = struct.Struct("<QQdQQQ")  # state, pid, start, generation, sessions, last_pop_ns
 
 
 @dataclass(frozen=True)
@@ -94,7 +86,7 @@ class Layout:
 
     @property
     def rings(self) -> int:
-        return page_align(self.table + CLIENT_ENTRY * self.max_clients)
+        return page_align(self.table + ENTRY * self.max_clients)
 
     def inbox(self, client: int) -> int:
         return self.rings + 2 * client * Ring.footprint(self.ring_capacity)
@@ -117,17 +109,6 @@ def manifest_from_json(data: bytes) -> Manifest:
     return Manifest(**raw)
 
 
-@dataclass(frozen=True)
-class ClientEntry:
-    index: int
-    state: ClientState
-    pid: int
-    start: float
-    generation: int
-    sessions: int
-    last_pop_ns: int
-
-
 class Control:
     """Typed access to a control segment (the daemon's, a client's or a tool's view)."""
 
@@ -135,6 +116,7 @@ class Control:
         self.segment = segment
         self._words: dict[int, Any] = {}
         self._layout: Layout | None = None
+        self._table: ClaimTable | None = None
 
     @property
     def layout(self) -> Layout:
@@ -157,6 +139,16 @@ class Control:
                 )
             self._layout = layout
         return self._layout
+
+    @property
+    def table(self) -> ClaimTable:
+        """The client table (see :mod:`rte.ipc.claims`)."""
+        if self._table is None:
+            layout = self.layout
+            self._table = ClaimTable(
+                self.segment, layout.table, layout.max_clients, self._word(_CLAIMS)
+            )
+        return self._table
 
     @classmethod
     def initialise(cls, segment: Segment, layout: Layout, manifest: Manifest) -> Control:
@@ -226,49 +218,3 @@ class Control:
         if length > MAX_MANIFEST:
             raise ValueError(f"{self.segment.name}: manifest length {length} is corrupt")
         return manifest_from_json(bytes(block[_MANIFEST + 4 : _MANIFEST + 4 + length]))
-
-    # -- client table -----------------------------------------------------
-
-    def _entry(self, client: int, field: int) -> Any:
-        return self.segment.word(self.layout.table + CLIENT_ENTRY * client + 8 * field)
-
-    def client(self, index: int) -> ClientEntry:
-        raw = self.segment.bytes_at(self.layout.table + CLIENT_ENTRY * index, _CLIENT.size)
-        _, pid, start, generation, sessions, last_pop = _CLIENT.unpack(raw)
-        state = ClientState(int(lib.shm_load_acquire(self._entry(index, 0))))
-        return ClientEntry(index, state, pid, start, generation, sessions, last_pop)
-
-    def clients(self) -> list[ClientEntry]:
-        return [self.client(i) for i in range(self.layout.max_clients)]
-
-    def claim(self, pid: int, start: float) -> int | None:
-        """Take a free client slot for this process; None when all are taken.
-
-        FREE -> CLAIMED by compare-and-swap (one winner), then pid and start
-        time, then ACTIVE with a release store: the daemon serves only ACTIVE
-        slots, so it never reads a half-written entry. A claimer that dies
-        before ACTIVE leaves a CLAIMED slot, which the daemon frees later.
-        """
-        for index in range(self.layout.max_clients):
-            if lib.shm_cas(self._entry(index, 0), ClientState.FREE, ClientState.CLAIMED):
-                raw = self.segment.bytes_at(self.layout.table + CLIENT_ENTRY * index + 8, 16)
-                struct.pack_into("<Qd", raw, 0, pid, start)
-                lib.shm_fetch_add(self._entry(index, 3), 1)  # generation
-                lib.shm_store_release(self._entry(index, 5), time.monotonic_ns())
-                self.set_client_state(index, ClientState.ACTIVE)  # pairs with acquire in client()
-                lib.shm_fetch_add(self._word(_CLAIMS), 1)  # the daemon adopts at its next turn
-                return index
-        return None
-
-    def set_client_state(self, index: int, state: ClientState) -> None:
-        lib.shm_store_release(self._entry(index, 0), int(state))
-
-    def set_client_sessions(self, index: int, sessions: int) -> None:
-        lib.shm_store_release(self._entry(index, 4), sessions)
-
-    def note_pop(self, index: int) -> None:
-        """A client records that it consumed its outbox (for the idle limit)."""
-        lib.shm_store_release(self._entry(index, 5), time.monotonic_ns())
-
-    def last_pop_ns(self, index: int) -> int:
-        return int(lib.shm_load_acquire(self._entry(index, 5)))

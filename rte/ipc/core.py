@@ -12,9 +12,10 @@ stops it. Each turn is a short numbered sequence:
    sender only, and nothing one client sends can end the loop;
 3. step the due sessions (owners with slab quota left); the engine writes
    each chunk straight into a slab slot (:class:`~rte.ipc.allocator.SlabAllocator`),
-   which is published and announced to its owner in one fixed record;
+   and :class:`~rte.ipc.outbound.Outbound` publishes it and announces it to its
+   owner in one fixed record;
 4. detach the sessions of a client that consumed nothing for the idle limit,
-   and tell it why;
+   and tell it why; disconnect a client that floods requests without reading;
 5. wait: on the doorbell when idle (by the wait policy), or for the next tick
    when paced.
 """
@@ -23,34 +24,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterable
 
 from rte.composed import ComposedEngine
-from rte.contract import Notice, NoticeKind, StepResult
-from rte.errors import WireError
+from rte.contract import Notice, NoticeKind
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.control import Control, Counter, DaemonState
+from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
-from rte.ipc.wire import Bye, ChunkEncoder, decode_request, encode_notice, request_seq
+from rte.ipc.wire import Bye, decode_request, request_seq
 from rte.serve import Detach, OutboxItem, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 
 log = logging.getLogger("rte.daemon")
 SCAN_EVERY_S = 0.1
-SPIN_NS = 50_000  # spin-then-block: how long an idle daemon polls before it sleeps
-SPIN_SLICE_NS = 1_000_000  # spin: how long it polls between yields
 IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and scan
-_COUNTED = {
-    NoticeKind.ERROR: Counter.ERRORS,
-    NoticeKind.DROPPED: Counter.CHUNKS_DROPPED,
-    NoticeKind.REJECTED: Counter.ADMISSION_REJECTIONS,
-}
+ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +63,6 @@ class DaemonCore:
     def __init__(self, settings: Settings, shared: Shared, model: StageModel) -> None:
         self.settings = settings
         self.control = shared.control
-        self.slab = shared.slab
         self.bell = shared.bell
         self.table = ClientTable(
             shared.control, shared.segment, shared.slab, shared.bell, shared.client_bells
@@ -80,12 +72,15 @@ class DaemonCore:
         self.allocator = SlabAllocator(shared.slab, manifest, self.router.owner_index)
         self.engine = ComposedEngine(model, allocator=self.allocator)
         self.loop = ServeLoop(self.engine)
-        self.encode_chunk = ChunkEncoder(manifest.latent_dtype, manifest.latent_shape)
+        self.out = Outbound(
+            shared.control, shared.slab, self.table, self.router, self.allocator, manifest
+        )
         self.policy = WaitPolicy(settings.wait_policy)
         self.failure: BaseException | None = None
-        self._emitted = 0
         self._next_scan = 0.0
         self._claims = -1
+        self._orphans: set[str] = set()  # detached from their client, not from the engine
+        self._next_orphan_retry = 0.0
 
     def run(self, stopping: threading.Event) -> None:
         """Serve until ``stopping`` is set; then finalize every session. A failure
@@ -120,16 +115,17 @@ class DaemonCore:
             for dead in self.table.scan():
                 self._reap(dead)
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
+            self._retry_orphans(now)
         for connection in list(self.table.connections.values()):  # 2.
             connection.flush()
+            if connection.dropped and not connection.backlog:
+                self.out.tell_dropped(connection)
             self._drain(connection)
         due = self.table.due()  # 3.
         if due:
-            self._deliver(self.loop.step(due), None)
+            self.out.deliver(self.loop.step(due), None)
             self.control.count(Counter.STEPS)
-        if self._emitted:
-            self.control.count(Counter.CHUNKS, self._emitted)
-            self._emitted = 0
+        self.out.count_chunks()
         limit = self.settings.idle_limit_s  # 4.
         for idle in self.table.idle(now, limit):
             reason = f"idle: nothing consumed for {limit:g}s (the idle limit)"
@@ -137,12 +133,19 @@ class DaemonCore:
                 self._detach(session, reason=reason, finalize=False)
                 self.control.count(Counter.IDLE_DETACHES)
             self.table.publish_sessions(idle)
+        for flooder in self.table.overflowing(now, limit):
+            log.warning(
+                "client %d (pid %d) reads no answers: disconnected", flooder.index, flooder.pid
+            )
+            reason = "disconnected: its client sent requests without reading the answers"
+            self._reap(flooder, reason=reason, revoked=True)
+            self.control.count(Counter.CLIENTS_DISCONNECTED)
         return bool(due)
 
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
         self.control.set_state(DaemonState.STOPPING)
-        for session in list(self.router.owners):
+        for session in [*self.router.owners, *self._orphans]:
             self._detach(session)
         for connection in self.table.connections.values():
             connection.flush()
@@ -155,7 +158,7 @@ class DaemonCore:
             records = connection.inbox.pop_batch_nowait()
         except RingCorrupt:
             connection.inbox.reset()
-            self._send(connection, Notice("", NoticeKind.ERROR, "RingCorrupt: inbox was reset"))
+            self.out.send(connection, Notice("", NoticeKind.ERROR, "RingCorrupt: inbox was reset"))
             return
         for raw in records:
             self.control.count(Counter.REQUESTS)
@@ -166,22 +169,24 @@ class DaemonCore:
     def _request(self, connection: Connection, raw: bytes) -> None:
         try:
             message = decode_request(raw)
-        except WireError as exc:
-            refusal = Notice("", NoticeKind.ERROR, f"WireError: {exc}", request_seq(raw))
-            self._deliver([refusal], connection)
+        except Exception as exc:  # WireError; anything else is a decoder bug, refused alike
+            text = f"{type(exc).__name__}: {exc}"
+            self.out.deliver([Notice("", NoticeKind.ERROR, text, request_seq(raw))], connection)
             return
         if isinstance(message, Bye):
             self._reap(connection)
             return
         refusal_text = self.router.refuse(connection, message)
+        if message.session in self._orphans:
+            refusal_text = f"session {message.session!r} is being detached; try again later"
         if refusal_text is not None:
             refusal = Notice(message.session, NoticeKind.ERROR, refusal_text, message.seq)
-            self._send(connection, refusal)
+            self.out.send(connection, refusal)
             self.control.count(Counter.ERRORS)
             return
         if isinstance(message, Detach | Reset) and not self._room_to_finalize(message.session):
             message = dataclasses.replace(message, finalize=False)
-        self._deliver(self.loop.handle(message), connection)
+        self.out.deliver(self.loop.handle(message), connection)
         self.table.publish_sessions(connection)
 
     def _room_to_finalize(self, session: str) -> bool:
@@ -194,56 +199,39 @@ class DaemonCore:
         dropped = Notice(
             session, NoticeKind.DROPPED, "in-flight chunk dropped at detach: no free slot"
         )
-        self._deliver([dropped], None)
+        self.out.deliver([dropped], None)
         return False
 
-    def _detach(self, session: str, *, reason: str = "", finalize: bool = True) -> None:
+    def _detach(self, session: str, *, reason: str = "", finalize: bool = True) -> bool:
+        """Detach through the loop; True when the session is gone. Chunks finalized
+        before a failure still go out; the engine keeps a session whose detach failed."""
         finalize = finalize and self._room_to_finalize(session)
+        out: list[OutboxItem] = []
         try:
-            items = self.loop.detach(session, finalize=finalize, reason=reason)
+            self.loop.detach(session, finalize=finalize, reason=reason, out=out)
+            gone = True
         except Exception as exc:
-            items = [Notice(session, NoticeKind.ERROR, f"detach failed: {exc}")]
-        self._deliver(items, None)
+            text = f"detach failed: {type(exc).__name__}: {exc}"
+            out.append(Notice(session, NoticeKind.ERROR, text))
+            gone = False
+        self.out.deliver(out, None)
+        return gone
 
-    def _reap(self, connection: Connection) -> None:
-        """Detach a gone (or leaving) client's sessions, give back all it held."""
+    def _reap(self, connection: Connection, *, reason: str = "", revoked: bool = False) -> None:
+        """Detach a gone (or leaving, or revoked) client's sessions, give back all it
+        held. A session the engine would not detach is kept as an orphan, owned by
+        nobody, and its detach retried (never bound to a slot a new client takes)."""
         for session in list(connection.sessions):
-            self._detach(session, finalize=False)  # nobody is left to read its last chunk
-        self.table.remove(connection)
+            # nobody is left to read its last chunk
+            if not self._detach(session, reason=reason, finalize=False):
+                self.router.release(session)
+                self._orphans.add(session)
+        self.table.remove(connection, revoked=revoked)
 
-    # -- 3. delivering ------------------------------------------------------
-
-    def _deliver(self, items: Iterable[OutboxItem], requester: Connection | None) -> None:
-        for item in items:
-            if isinstance(item, StepResult):
-                self._deliver_chunk(item)
-                continue
-            counter = _COUNTED.get(item.kind)
-            if counter is not None:
-                self.control.count(counter)
-            everyone = self.table.connections.values()
-            for connection in self.router.route(item, requester, everyone):
-                self._send(connection, item)
-
-    def _deliver_chunk(self, result: StepResult) -> None:
-        loan = self.allocator.take(result.session, result.chunk)
-        loan.publish()
-        owner = self.router.owner(result.session)
-        timing = result.timing
-        if owner is not None and owner.send(
-            self.encode_chunk(
-                result.session, result.chunk, loan.ref, timing.generated_ns, timing.emitted_ns
-            )
-        ):
-            self._emitted += 1  # counted once per turn, not per chunk
-            return
-        self.slab.release(loan.ref)  # nobody will read it
-        self.control.count(Counter.CHUNKS_DROPPED)
-
-    def _send(self, connection: Connection, notice: Notice) -> None:
-        """An answer to one client; it never fails for its size (truncated to fit)."""
-        if not connection.send(encode_notice(notice, connection.outbox.max_record)):
-            self.control.count(Counter.NOTICES_DROPPED)
+    def _retry_orphans(self, now: float) -> None:
+        if self._orphans and now >= self._next_orphan_retry:
+            self._next_orphan_retry = now + ORPHAN_RETRY_S
+            self._orphans = {s for s in self._orphans if not self._detach(s, finalize=False)}
 
     # -- 5. waiting ---------------------------------------------------------
 
@@ -251,16 +239,7 @@ class DaemonCore:
         """Nothing to step: wait for a request by the wait policy (bounded: the
         loop must come round to beat, scan clients and notice a stop)."""
         inboxes = [c.inbox for c in self.table.connections.values()]
-        if self.policy is not WaitPolicy.BLOCK:
-            spin_ns = SPIN_SLICE_NS if self.policy is WaitPolicy.SPIN else SPIN_NS
-            end = time.monotonic_ns() + spin_ns
-            while time.monotonic_ns() < end:
-                if any(ring.used() for ring in inboxes):
-                    return
-            if self.policy is WaitPolicy.SPIN:
-                os.sched_yield()
-                return
-        wait_any(inboxes, self.bell, IDLE_SLEEP_S, self._woken)
+        wait_any(inboxes, self.bell, IDLE_SLEEP_S, self._woken, policy=self.policy)
 
     def _woken(self) -> bool:
         """Other reasons not to sleep: a session could step, or a client is claiming."""

@@ -15,7 +15,8 @@ from dataclasses import asdict
 from typing import Any
 
 from rte.errors import DaemonRunningError
-from rte.ipc.control import KIND_CONTROL, KIND_SLAB, ClientState, Control
+from rte.ipc.claims import ClientState
+from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import describe
 from shm import Ring, Segment, ShmError, Slab, SlotState, is_alive
@@ -50,7 +51,7 @@ def summary(name: str) -> dict[str, Any]:
 
 def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
     alive = segment.creator_alive()
-    clients = [c for c in control.clients() if c.state is ClientState.ACTIVE]
+    clients = [c for c in control.table.entries() if c.state is ClientState.ACTIVE]
     manifest = control.manifest()
     return {
         "name": name,
@@ -85,7 +86,7 @@ def snapshot(name: str) -> dict[str, Any]:
     try:
         layout = control.layout
         clients = []
-        for entry in control.clients():
+        for entry in control.table.entries():
             if entry.state is ClientState.FREE:
                 continue
             rings = {}

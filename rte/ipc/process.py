@@ -28,12 +28,13 @@ from types import FrameType
 from typing import TypeVar
 
 from rte.contract import Manifest
-from rte.errors import DaemonRunningError
+from rte.errors import ConfigurationError, DaemonRunningError
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState, Layout
 from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.names import DaemonNames
 from rte.ipc.settings import Settings
 from rte.models import load_model
+from rte.stages import StageModel
 from shm import Doorbell, Ring, Segment, ShmError, Slab
 from shm.lock import NameLock, NameLockHeld
 from shm.segment import HEADER_SIZE
@@ -43,29 +44,34 @@ STOP_TIMEOUT_S = 30.0
 _Owned = TypeVar("_Owned", Segment, Doorbell)
 
 
-def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+def serve(
+    settings: Settings,
+    *,
+    ready: Callable[[str], None] | None = None,
+    restore_signals: bool = True,
+) -> None:
     """Run a daemon in this process (its main thread) until SIGTERM/SIGINT.
 
-    ``ready`` is told one line once clients may connect. Raises
-    DaemonRunningError when a live daemon owns the name; re-raises what ended
-    the serve loop, after everything was cleaned up.
+    ``ready`` is told one line once clients may connect. With
+    ``restore_signals`` False the handlers stay after the return (a process
+    about to exit: a late signal must not end it another way). Raises
+    DaemonRunningError when a live daemon owns the name, ConfigurationError
+    when the model cannot be loaded; re-raises what ended the serve loop,
+    after everything was cleaned up.
     """
     stopping = threading.Event()
     bells: list[Doorbell] = []
     names = settings.names
     core: DaemonCore | None = None
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_signals_set(stopping, bells))
+        stack.enter_context(_signals_set(stopping, bells, restore=restore_signals))
         stack.enter_context(_own_name(names))
-        model = load_model(
-            settings.model,
-            max_sessions=settings.max_sessions,
-            **dict(settings.model_settings or {}),
-        )
+        model = _load(settings)
         if stopping.is_set():
             return
         shared = _create(stack, settings, model.manifest())
         bells.append(shared.bell)
+        stack.callback(bells.clear)  # before the bell is closed: a late signal rings nothing
         core = DaemonCore(settings, shared, model)
         pinned = shared.slab.pin()
         if pinned:
@@ -89,22 +95,37 @@ def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> 
         raise core.failure
 
 
+def _load(settings: Settings) -> StageModel:
+    try:
+        return load_model(
+            settings.model,
+            max_sessions=settings.max_sessions,
+            **dict(settings.model_settings or {}),
+        )
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--model {settings.model}: {exc}") from None
+
+
 @contextlib.contextmanager
-def _signals_set(stopping: threading.Event, bells: list[Doorbell]) -> Iterator[None]:
+def _signals_set(
+    stopping: threading.Event, bells: list[Doorbell], *, restore: bool
+) -> Iterator[None]:
     """SIGTERM and SIGINT set ``stopping`` and wake the loop; nothing more."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.set()
-        for bell in bells:
-            bell.ring()
+        for bell in list(bells):
+            with contextlib.suppress(Exception):  # a bell closed under us: nobody to wake
+                bell.ring()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         stopping.set()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if restore:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -165,11 +186,11 @@ def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:
 
     @stack.callback
     def undo() -> None:
-        try:
-            thing.close()
-            thing.unlink()
-        except Exception as exc:  # cleanup goes on past one failure
-            log.warning("cleanup of %s failed: %s", thing.name, exc)
+        for step in (thing.close, thing.unlink):  # each on its own: an unlink never skipped
+            try:
+                step()
+            except Exception as exc:  # cleanup goes on past one failure
+                log.warning("cleanup of %s failed: %s", thing.name, exc)
 
     return thing
 
@@ -178,8 +199,12 @@ def run_from_command_line(settings: Settings) -> int:
     """``rte serve``'s body: exit 0 after a clean stop, 2 when the name is taken."""
     logging.basicConfig(level=logging.INFO, format="rte serve: %(levelname)s %(message)s")
     try:
-        serve(settings, ready=lambda line: print(f"rte serve: {line}", file=sys.stderr, flush=True))
-    except (DaemonRunningError, ValueError, ImportError) as exc:  # the name, the model
+        serve(
+            settings,
+            ready=lambda line: print(f"rte serve: {line}", file=sys.stderr, flush=True),
+            restore_signals=False,
+        )
+    except (DaemonRunningError, ConfigurationError) as exc:  # the name, the model
         print(f"rte serve: {exc}", file=sys.stderr)
         return 2
     except ShmError as exc:  # /dev/shm too small, another user's objects

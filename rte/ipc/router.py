@@ -60,6 +60,12 @@ class Router:
             return [requester]
         return list(everyone) if not notice.session else []
 
+    def release(self, session: str) -> None:
+        """Forget who owns ``session`` (its client is gone; the engine kept it)."""
+        owner = self.owners.get(session)
+        if owner is not None:
+            self._unbind(session, owner)
+
     def _bind(self, session: str, connection: Connection) -> None:
         self.owners[session] = connection
         connection.sessions.append(session)

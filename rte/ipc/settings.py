@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rte.errors import ConfigurationError
 from rte.ipc.control import MAX_CLIENTS
 from rte.ipc.names import DaemonNames
 from shm import WaitPolicy
@@ -21,7 +22,7 @@ MIN_RING_KIB = 4
 
 @dataclass(frozen=True)
 class Settings:
-    """A daemon's settings; ValueError, naming the option, for one that cannot hold.
+    """A daemon's settings; ConfigurationError, naming the option, for one that cannot hold.
 
     Attributes:
         name: the daemon's name; clients connect by it.
@@ -53,29 +54,39 @@ class Settings:
     model_settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        DaemonNames(self.name)  # ValueError for a name that cannot be one
+        try:
+            self._check()
+        except ConfigurationError:
+            raise
+        except ValueError as exc:  # a name that cannot be one
+            raise ConfigurationError(str(exc)) from None
+
+    def _check(self) -> None:
+        DaemonNames(self.name)
         _at_least("max-sessions", self.max_sessions, 1)
         _at_least("max-clients", self.max_clients, 1)
         if self.max_clients > MAX_CLIENTS:
-            raise ValueError(f"--max-clients {self.max_clients}: at most {MAX_CLIENTS}")
+            raise ConfigurationError(f"--max-clients {self.max_clients}: at most {MAX_CLIENTS}")
         _at_least("ring-kib", self.ring_kib, MIN_RING_KIB)
         _at_least("slab-slots", self.slab_slots, self.max_clients, "one per client")
         _at_least("quota", self.quota, 0)
         if self.quota * self.max_clients > self.slab_slots:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--quota {self.quota} x --max-clients {self.max_clients} is more than "
                 f"--slab-slots {self.slab_slots}: clients could starve each other; "
                 f"use --quota {self.slab_slots // self.max_clients} or more slots"
             )
         if not self.pace_hz >= 0:
-            raise ValueError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
+            raise ConfigurationError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
         if not self.idle_limit_s > 0:
-            raise ValueError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
+            raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
         try:
             WaitPolicy(self.wait_policy)
         except ValueError:
             known = ", ".join(p.value for p in WaitPolicy)
-            raise ValueError(f"--wait-policy {self.wait_policy!r}: one of {known}") from None
+            raise ConfigurationError(
+                f"--wait-policy {self.wait_policy!r}: one of {known}"
+            ) from None
 
     @property
     def names(self) -> DaemonNames:
@@ -93,4 +104,6 @@ class Settings:
 
 def _at_least(option: str, value: int, low: int, why: str = "") -> None:
     if value < low:
-        raise ValueError(f"--{option} {value}: must be at least {low}{f' ({why})' if why else ''}")
+        raise ConfigurationError(
+            f"--{option} {value}: must be at least {low}{f' ({why})' if why else ''}"
+        )

@@ -190,5 +190,8 @@ def _decode_array(view: memoryview, at: int) -> tuple[Any, int]:
     shape = struct.unpack_from(f"<{ndim}Q", view, at)
     nbytes = dtype.itemsize * math.prod(shape)
     stop = _take(view, end, nbytes)
-    array = np.frombuffer(view[end:stop], dtype=dtype).reshape(shape).copy()
+    try:  # (0, 2**63) holds no bytes, yet NumPy can make no such array
+        array = np.frombuffer(view[end:stop], dtype=dtype).reshape(shape).copy()
+    except ValueError as exc:
+        raise WireError(f"no array of shape {shape} can be made: {exc}") from None
     return array, stop

@@ -230,7 +230,7 @@ def describe(record: bytes) -> str:
     try:
         is_reply = bool(record) and record[0] in _REPLIES
         decoded: Any = decode_reply(record) if is_reply else decode_request(record)
-    except WireError as exc:
+    except Exception as exc:  # a tool must show any bytes, however broken
         return f"<undecodable {len(record)} bytes: {exc}>"
     if isinstance(decoded, ChunkRef):
         return (

@@ -48,6 +48,9 @@ class NullModel(StageModel):
     def detach(self, row: int) -> None:
         return None
 
+    def conditioning_keys(self) -> frozenset[str]:
+        return frozenset({"tag"})
+
     def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
         tag = conditioning.get("tag", -1)
         if not isinstance(tag, int | np.integer) or not -(1 << 63) <= int(tag) < (1 << 63):

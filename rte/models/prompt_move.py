@@ -63,6 +63,9 @@ class PromptMoveModel(StageModel):
     def heavy_keys(self) -> frozenset[str]:
         return frozenset({"prompt"})
 
+    def conditioning_keys(self) -> frozenset[str]:
+        return frozenset({"prompt", "move"})
+
     def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
         check_prompt_and_move(conditioning)
 

@@ -1,0 +1,62 @@
+"""Page-locking shared memory with CUDA, when torch with CUDA is already loaded.
+
+A slab registered with ``cudaHostRegister`` takes device-to-host copies
+straight into its slots, asynchronously, at full bandwidth (a pageable
+destination is copied through a staging buffer instead). This module never
+imports torch: without torch already imported by the caller, or without a
+GPU, registering is a no-op that says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from shm.errors import SegmentError
+
+
+def register(address: int, size: int, name: str) -> bool:
+    """Page-lock ``size`` bytes at ``address`` (of segment ``name``); False
+    without torch with CUDA.
+
+    Raises:
+        SegmentError: cudaHostRegister refused.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return False
+    cudart = torch.cuda.cudart()
+    rc = cudart.cudaHostRegister(address, size, 0)
+    if int(rc) != 0:
+        raise SegmentError(
+            f"cudaHostRegister of the {size:,} slot bytes of {name} failed with "
+            f"{_error(cudart, rc)}; the slab works unpinned (slower copies from the GPU)"
+        )
+    return True
+
+
+def unregister(address: int, name: str) -> None:
+    """Undo :func:`register` (before the segment is unmapped).
+
+    Raises:
+        SegmentError: cudaHostUnregister refused. The pages may stay locked
+            until the process exits, and CUDA keeps the failure as its last
+            error, which torch reports again at its next CUDA call.
+    """
+    cudart = sys.modules["torch"].cuda.cudart()
+    rc = cudart.cudaHostUnregister(address)
+    if int(rc) != 0:
+        raise SegmentError(
+            f"cudaHostUnregister of the slots of {name} failed with {_error(cudart, rc)}; "
+            "the pages may stay page-locked until this process exits (unpin from the "
+            "process and CUDA context that pinned them, before closing the segment)"
+        )
+
+
+def _error(cudart: Any, rc: Any) -> str:
+    """A CUDA runtime status as its number and CUDA's own words for it."""
+    try:
+        words = str(cudart.cudaGetErrorString(rc))
+    except Exception:  # an older torch without it: the number alone
+        return f"CUDA error {int(rc)}"
+    return f"CUDA error {int(rc)} ({words})"
