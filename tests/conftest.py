@@ -25,12 +25,14 @@ def probe() -> Iterator[tuple[ComposedEngine, ProbeModel]]:
 def shm_prefix() -> Iterator[str]:
     """A unique name part for this test's segments and semaphores.
 
-    Whatever the test leaves under it in /dev/shm is removed afterwards, even
-    when the test fails, so parallel runs never collide and nothing leaks.
+    What the test leaves under it in /dev/shm fails the test (a leak), and is
+    removed all the same, so parallel runs never collide and nothing stays.
+    A test that kills a daemon on purpose removes its leftovers itself.
     """
     prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
     yield prefix
-    unlink_objects(shm_name(prefix))
+    left = unlink_objects(shm_name(prefix))
+    assert not left, f"the test left shared memory behind: {left}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -92,6 +92,18 @@ def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> l
     return got
 
 
+class Deadline:
+    """A loop's time limit: :meth:`check` fails the test once it has passed."""
+
+    def __init__(self, seconds: float = 20.0, what: str = "the loop") -> None:
+        self.seconds = seconds
+        self.what = what
+        self.end = time.monotonic() + seconds
+
+    def check(self, detail: object = "") -> None:
+        assert time.monotonic() < self.end, f"{self.what} took over {self.seconds}s {detail}"
+
+
 def leftovers(name: str) -> list[str]:
     return DaemonNames(name).leftovers()
 

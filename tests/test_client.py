@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from daemon_harness import DaemonProcess, take
+from daemon_harness import DaemonProcess, Deadline, take
 
 from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
 from rte.client import Chunk, EngineClient, InProcessClient
@@ -74,7 +74,9 @@ def test_chunks_arrive_in_order_shaped_and_read_only(engine: Engines) -> None:
     client.attach("b")
     assert client.sessions == {"a", "b"}
     seen: dict[str, list[int]] = {"a": [], "b": []}
+    limit = Deadline(what="six chunks of each session")
     while min(len(v) for v in seen.values()) < 6:
+        limit.check(seen)
         chunk = client.poll(timeout=10)
         assert chunk is not None
         assert client.held() == 1
@@ -95,7 +97,9 @@ def test_an_action_shows_in_every_later_chunk(engine: Engines) -> None:
     before = take(client, "s", 3)
     client.act("s", {"tag": 5})
     stream = before + take(client, "s", 1)
+    limit = Deadline(what="the chunk that shows the action")
     while tag_of(stream[-1].latent) != 5:
+        limit.check()
         stream += take(client, "s", 1)
     stream += take(client, "s", 4)
     tags = [tag_of(c.latent) for c in stream]
@@ -155,7 +159,9 @@ def test_reset_restarts_identically_and_a_refused_one_changes_nothing(engine: En
     client.reset("r")
     assert client.sessions == {"r"}
     stream = take(client, "r", 3)
+    limit = Deadline(what="the restarted stream")
     while [c.chunk for c in stream[-3:]] != [0, 1, 2]:  # in-flight chunks of the old run
+        limit.check([c.chunk for c in stream])
         stream += take(client, "r", 1)
     for old, new in zip(first, stream[-3:], strict=True):
         np.testing.assert_array_equal(old, new.latent)
@@ -174,7 +180,9 @@ def test_detach_ends_the_stream_after_its_in_flight_chunk(engine: Engines) -> No
     assert client.sessions == {"b"}
     late: list[int] = []
     others = 0
+    limit = Deadline(what="the stream after the detach")
     while others < 8 * ROWS:  # "b" streams on; what "a" had in flight comes first
+        limit.check()
         chunk = client.poll(timeout=10)
         assert chunk is not None
         with chunk:
@@ -201,7 +209,9 @@ def test_a_consumer_that_stops_reading_stalls_without_growing(engine: Engines) -
     assert client.held() == 0
     stream = {s: [c.chunk for c in held if c.session == s] for s in "ab"}
     more = {"a": 0, "b": 0}
+    limit = Deadline(what="both streams after the release")
     while min(more.values()) < 2:  # released: both stream again, from where they were
+        limit.check(more)
         chunk = client.poll(timeout=10)
         assert chunk is not None
         with chunk:
@@ -241,3 +251,15 @@ def test_a_client_is_a_context_manager(engine: Engines) -> None:
         client.attach("a")
         assert take(client, "a", 1)
     assert client.closed
+
+
+def test_both_forms_refuse_what_the_wire_cannot_carry(engine: Engines) -> None:
+    client = engine.client()
+    with pytest.raises(RequestError, match="longer than 256"):
+        client.attach("s" * 300)
+    client.attach("a")
+    with pytest.raises(RequestError, match="cannot send a set"):
+        client.act("a", {"move": {1, 2}})
+    with pytest.raises(RequestError, match="keys must be str"):
+        client.act("a", {"move": (0, 1), 7: 1})  # type: ignore[dict-item]
+    assert take(client, "a", 2)

@@ -16,6 +16,7 @@ import daemon_workers
 import pytest
 from daemon_harness import (
     DaemonProcess,
+    Deadline,
     RawClient,
     leftovers,
     mapped_file,
@@ -42,9 +43,8 @@ SPAWN = multiprocessing.get_context("spawn")
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     d = DaemonProcess(shm_prefix, "--max-sessions", "4", "--max-clients", "4", "--slab-slots", "16")
     yield d
-    code = d.stop()
-    DaemonNames(shm_prefix).remove_leftovers()
-    assert code == 0, d.stderr
+    assert d.stop() == 0, d.stderr
+    assert leftovers(shm_prefix) == []
 
 
 def _chunks(client: EngineClient, session: str, n: int) -> list[int]:
@@ -121,7 +121,9 @@ def test_a_killed_daemon_is_engine_gone_within_a_second(shm_prefix: str) -> None
         d.kill()
         t0 = time.monotonic()
         with pytest.raises(EngineGone, match="died"):
+            limit = Deadline(10, "EngineGone")
             while True:
+                limit.check()
                 chunk = client.poll(timeout=30)
                 if chunk is not None:
                     chunk.release()
@@ -137,9 +139,9 @@ def test_a_killed_daemon_is_engine_gone_within_a_second(shm_prefix: str) -> None
         assert again.stop() == 0
         assert leftovers(shm_prefix) == []
     finally:
-        if d.process.poll() is None:
+        if d.process.poll() is None:  # the test failed with it running
             d.kill()
-        DaemonNames(shm_prefix).remove_leftovers()
+            DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_a_live_daemon_of_the_same_name_is_refused(daemon: DaemonProcess) -> None:
@@ -249,9 +251,9 @@ def test_a_client_that_stops_consuming_stalls_alone_then_is_detached(shm_prefix:
             assert _chunks(busy, "busy", 10)
         assert d.stop() == 0
     finally:
-        if d.process.poll() is None:
+        if d.process.poll() is None:  # the test failed with it running
             d.kill()
-        DaemonNames(shm_prefix).remove_leftovers()
+            DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_close_gives_back_the_client_slot_and_rows_at_once(shm_prefix: str) -> None:
@@ -265,6 +267,6 @@ def test_close_gives_back_the_client_slot_and_rows_at_once(shm_prefix: str) -> N
             client.close()
         assert d.stop() == 0
     finally:
-        if d.process.poll() is None:
+        if d.process.poll() is None:  # the test failed with it running
             d.kill()
-        DaemonNames(shm_prefix).remove_leftovers()
+            DaemonNames(shm_prefix).remove_leftovers()

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from daemon_harness import DaemonProcess, RawClient, leftovers, take, wait_for
 
-from rte import EngineGone, NoticeKind
+from rte import EngineGone, NoticeKind, RequestError
 from rte.client import ShmClient
 from rte.contract import Notice
 from rte.ipc.control import KIND_CONTROL, DaemonState, Layout
@@ -297,3 +297,51 @@ def _rte(*argv: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def test_an_array_no_numpy_can_make_is_refused_and_serving_goes_on(
+    small_rings: DaemonProcess,
+) -> None:
+    with small_rings.client() as bystander:
+        bystander.attach("steady")
+        raw = RawClient(small_rings.name)
+        array = bytes([10, 3]) + b"<f4" + bytes([2]) + (0).to_bytes(8, "little")
+        array += (2**63).to_bytes(8, "little")  # no bytes to read; no such array either
+        body = bytes([9]) + (1).to_bytes(4, "little") + bytes([5]) + (1).to_bytes(4, "little")
+        raw.inbox.push(_raw(RecordType.ATTACH, b"a", body + b"x" + array), timeout=5)
+        (answer,) = _answers(raw, 1)
+        assert answer.kind is NoticeKind.ERROR and "no array of shape" in answer.message
+        raw.close()
+        stream = [c.chunk for c in take(bystander, "steady", 5)]
+        assert stream == list(range(stream[0], stream[0] + 5))
+
+
+def test_a_session_the_engine_will_not_detach_is_never_left_to_a_gone_client(
+    shm_prefix: str,
+) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "stubborn_model:stubborn")
+    try:
+        with d.client() as first:
+            first.attach("x")
+            assert take(first, "x", 2)
+        with d.client() as second:  # "x" belonged to a client that left: nobody owns it now
+            with pytest.raises(RequestError, match="'x' is being detached"):
+                second.attach("x")
+            second.attach("y")
+            assert take(second, "y", 2)
+        assert _counters(d.name)["errors"] >= 1
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+def test_signals_over_and_over_while_it_stops_still_exit_0(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    with d.client() as client:
+        client.attach("a")
+        assert take(client, "a", 2)
+        limit = time.monotonic() + 30
+        while d.process.poll() is None and time.monotonic() < limit:
+            d.process.send_signal(signal.SIGTERM)
+            time.sleep(0.01)
+    assert d.stop() == 0, d.stderr
+    assert leftovers(shm_prefix) == []

@@ -56,7 +56,6 @@ def loaded(
     streamer.kill()
     streamer.join(10)
     assert d.stop() == 0, d.stderr
-    DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_inspect_changes_nothing_even_on_a_frozen_daemon(

@@ -4,6 +4,7 @@ README says is where, and modules a reader can take in."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -18,9 +19,11 @@ MAX_MODULE_LINES = 430  # "no module over ~400 lines"
 
 
 def _python(code: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=cwd,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=120,

@@ -34,7 +34,7 @@ from shm import (
     check_rc,
     shm_name,
 )
-from shm.names import SHM_DIR, objects, unlink_objects
+from shm.names import SHM_DIR, objects, unlink_objects, unlink_segment
 from shm.native import ffi, lib
 from shm.segment import HEADER_SIZE, _free_bytes
 
@@ -158,6 +158,8 @@ def test_foreign_and_old_version_segments_are_refused(shm_prefix: str) -> None:
     with pytest.raises(SegmentVersionError, match="layout version 99"):
         Segment.open(old)
     seg.close()
+    for name in (garbage, tiny, old):  # what a test makes, it removes
+        unlink_segment(name)
 
 
 def test_too_small_dev_shm_is_a_clear_error_and_leaves_nothing(shm_prefix: str) -> None:

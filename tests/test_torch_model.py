@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 from daemon_harness import DaemonProcess, mapped_file, slab_file  # noqa: E402
 
 from rte import Action, ComposedEngine, ResultKind  # noqa: E402
-from rte.ipc.names import DaemonNames  # noqa: E402
 from rte.lanes import Lane  # noqa: E402
 from rte.models import load_model  # noqa: E402
 from rte.models.world import TorchWorldModel  # noqa: E402
@@ -140,7 +139,6 @@ def torch_daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     d = DaemonProcess(shm_prefix, "--model", "torch", "--max-sessions", "2")
     yield d
     assert d.stop() == 0, d.stderr
-    DaemonNames(shm_prefix).remove_leftovers()
 
 
 def test_the_daemon_serves_it_and_chunks_are_the_slab_memory(torch_daemon: DaemonProcess) -> None:

@@ -8,11 +8,14 @@ chunk's latent is the array the engine wrote (made read-only).
 Backpressure, as in the daemon: a client may hold at most ``quota`` chunks
 received and not released; past it no session is due, so a caller that stops
 reading stalls its sessions instead of growing memory. Releasing a chunk below
-the quota wakes the loop.
+the quota wakes the loop. Requests are held to the wire's limits (session id
+length, sendable values), so both client forms refuse the same requests, and
+at most ``INBOX_LIMIT`` wait for the loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -20,10 +23,12 @@ from typing import Any
 
 from rte.client.base import Chunk, EngineClient
 from rte.contract import Engine, Notice, StepResult
-from rte.errors import EngineGone
+from rte.errors import EngineGone, RequestTimeout
+from rte.ipc.wire import encode_request
 from rte.serve import Request, Stop, Wake, default_serve
 
 STOP_TIMEOUT_S = 30.0
+INBOX_LIMIT = 4096  # requests waiting for the loop: past it, a call times out
 LIVENESS_EVERY_S = 0.1
 
 
@@ -46,7 +51,7 @@ class InProcessClient(EngineClient):
         self.quota = quota or 2 * manifest.max_sessions
         if self.quota < 1:
             raise ValueError(f"quota must be at least 1, got {self.quota}")
-        self._inbox: queue.Queue[Request | Stop | Wake] = queue.Queue()
+        self._inbox: queue.Queue[Request | Stop | Wake] = queue.Queue(INBOX_LIMIT)
         self._outbox: queue.Queue[StepResult | Notice] = queue.Queue()
         self._lock = threading.Lock()
         self._unreleased = 0  # chunks put in the outbox and not yet released
@@ -69,7 +74,13 @@ class InProcessClient(EngineClient):
 
     def _send(self, request: Request, timeout: float) -> None:
         self._check_alive()
-        self._inbox.put(request)
+        encode_request(request)  # the wire's limits hold here too: both forms refuse alike
+        try:
+            self._inbox.put(request, timeout=timeout)
+        except queue.Full:
+            raise RequestTimeout(
+                f"the engine is not taking requests: {INBOX_LIMIT} wait already ({timeout}s)"
+            ) from None
 
     def _receive(self, timeout: float) -> list[Chunk | Notice]:
         items: list[StepResult | Notice] = []
@@ -105,10 +116,12 @@ class InProcessClient(EngineClient):
             self._unreleased -= 1
             woke = self._unreleased == self.quota - 1
         if woke:
-            self._inbox.put(Wake())
+            with contextlib.suppress(queue.Full):  # a full inbox wakes the loop anyway
+                self._inbox.put_nowait(Wake())
 
     def _shutdown(self) -> None:
-        self._inbox.put(Stop())
+        with contextlib.suppress(queue.Full):
+            self._inbox.put(Stop(), timeout=STOP_TIMEOUT_S)
         self._thread.join(STOP_TIMEOUT_S)
         close = getattr(self.engine, "close", None)
         if close is not None and not self._thread.is_alive():

@@ -29,7 +29,7 @@ import psutil
 
 from rte.client.base import Chunk, EngineClient
 from rte.contract import Notice, NoticeKind, Timing
-from rte.errors import AdmissionError, EngineGone, RequestTimeout, WireError
+from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, WireError
 from rte.ipc.claims import ClientState
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState
 from rte.ipc.names import DaemonNames
@@ -38,6 +38,7 @@ from rte.serve import Request
 from shm import (
     Doorbell,
     ForeignSlot,
+    RecordTooLarge,
     Ring,
     RingFull,
     Segment,
@@ -47,6 +48,7 @@ from shm import (
     Slab,
     SlotRef,
     StaleSlot,
+    WouldBlock,
     is_alive,
 )
 from shm.segment import HEADER_SIZE
@@ -94,7 +96,7 @@ class ShmClient(EngineClient):
             self._give_back_slot()
             self._close_mappings()
             if isinstance(exc, ShmError):
-                raise EngineGone(f"daemon {name!r} could not be joined: {exc}") from None
+                raise _meaning(exc, f"joining daemon {name!r}") from None
             raise
         self._dtype = np.dtype(self.manifest.latent_dtype)
 
@@ -165,13 +167,10 @@ class ShmClient(EngineClient):
         self._check()
         try:
             self._inbox.push(record, timeout, self._check)
-        except RingFull:
-            raise RequestTimeout(
-                f"daemon {self.name!r} is not taking requests: this client's inbox stayed "
-                f"full for {timeout}s"
-            ) from None
         except ShmError as exc:
-            raise WireError(f"request not sent: {exc}") from None
+            raise _meaning(
+                exc, f"sending {type(request).__name__.lower()} to {self.name!r}"
+            ) from None
 
     def _receive(self, timeout: float) -> list[Chunk | Notice]:
         try:
@@ -180,9 +179,7 @@ class ShmClient(EngineClient):
             else:
                 records = self._outbox.pop_batch_nowait()
         except ShmError as exc:  # a corrupt ring: the daemon (or a stray writer) broke it
-            raise EngineGone(
-                f"daemon {self.name!r}: this client's outbox is unreadable: {exc}"
-            ) from None
+            raise _meaning(exc, f"reading from {self.name!r}") from None
         if records:
             self._table.note_pop(self.index)
         out: list[Chunk | Notice] = []
@@ -259,6 +256,17 @@ class ShmClient(EngineClient):
             if not is_alive(*self._daemon):
                 raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) died")
             self._checked = now
+
+
+def _meaning(exc: ShmError, doing: str) -> RteError:
+    """The one place a transport error becomes what it means to a caller: the
+    daemon does not take requests (RequestTimeout), this request cannot be sent
+    (WireError), or the daemon cannot be reached at all (EngineGone)."""
+    if isinstance(exc, WouldBlock):
+        return RequestTimeout(f"{doing}: the daemon is not taking requests ({exc})")
+    if isinstance(exc, RecordTooLarge):
+        return WireError(f"{doing}: {exc}")
+    return EngineGone(f"{doing}: {exc}")
 
 
 def _open_control(names: DaemonNames, deadline: float) -> Segment:

@@ -210,5 +210,8 @@ def run_from_command_line(settings: Settings) -> int:
     except ShmError as exc:  # /dev/shm too small, another user's objects
         print(f"rte serve: {exc}", file=sys.stderr)
         return 1
+    finally:  # all is undone: a late signal must not end the exit another way (Python
+        for sig in (signal.SIGTERM, signal.SIGINT):  # resets its own handlers as it exits,
+            signal.signal(sig, signal.SIG_IGN)  # but leaves an ignored signal ignored)
     print(f"rte serve: {settings.name} stopped; its shared memory is unlinked", file=sys.stderr)
     return 0
