@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posix_ipc
 
-from shm.errors import SegmentExistsError, SegmentNotFoundError
+from shm.errors import SegmentError, SegmentExistsError, SegmentNotFoundError
 from shm.names import unlink_semaphore
 
 
@@ -32,6 +32,10 @@ class Doorbell:
             if create:
                 raise SegmentExistsError(f"semaphore {name} already exists") from None
             raise SegmentNotFoundError(f"no semaphore {name}") from None
+        except posix_ipc.PermissionsError:
+            raise SegmentError(
+                f"semaphore {name} belongs to another user (permission denied)"
+            ) from None
 
     def ring(self) -> None:
         self._sem.release()

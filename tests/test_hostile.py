@@ -7,6 +7,7 @@ forged segments, mistakes on the command line.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -345,3 +347,39 @@ def test_signals_over_and_over_while_it_stops_still_exit_0(shm_prefix: str) -> N
             time.sleep(0.01)
     assert d.stop() == 0, d.stderr
     assert leftovers(shm_prefix) == []
+
+
+def _open_as_nobody(names: list[str], conn: Any) -> None:
+    """In a forked child: become user nobody, try to open another user's objects."""
+    from shm import Doorbell, SegmentError  # noqa: PLC0415
+
+    os.setgid(65534)
+    os.setuid(65534)
+    said = []
+    for name in names:
+        try:
+            (Doorbell if name.endswith(".bell") else Segment.open)(name)
+            said.append(f"{name}: opened")
+        except SegmentError as exc:
+            said.append(str(exc))
+        except Exception as exc:
+            said.append(f"{name}: escaped {type(exc).__name__}: {exc}")
+    conn.send(said)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_another_users_objects_are_a_clear_refusal(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    try:
+        d.client().close()
+        names = DaemonNames(shm_prefix)
+        fork = multiprocessing.get_context("fork")
+        parent, child = fork.Pipe()
+        other = fork.Process(target=_open_as_nobody, args=([names.control, names.bell], child))
+        other.start()
+        assert parent.poll(30)
+        said = parent.recv()
+        other.join(10)
+        assert all("belongs to another user" in line for line in said), said
+    finally:
+        assert d.stop() == 0, d.stderr
