@@ -383,3 +383,22 @@ def test_another_users_objects_are_a_clear_refusal(shm_prefix: str) -> None:
         assert all("belongs to another user" in line for line in said), said
     finally:
         assert d.stop() == 0, d.stderr
+
+
+def test_a_client_that_scribbles_on_its_own_entry_is_let_go(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    try:
+        with d.client() as bystander:
+            bystander.attach("steady")
+            raw = RawClient(d.name)
+            raw.inbox.push(_raw(RecordType.DETACH, b"ghost"), timeout=5)
+            _answers(raw, 1)  # answered: the daemon serves it
+            entry = raw.control.layout.table + 128 * raw.index
+            lib.shm_store_release(raw.segment.word(entry), 0xFFFF_FFFF)  # no state at all
+            wait_for(lambda: _counters(d.name)["dead_clients_reaped"] == 1, what="the reap")
+            stream = [c.chunk for c in take(bystander, "steady", 5)]
+            assert stream == list(range(stream[0], stream[0] + 5))
+            with d.client() as again:
+                again.attach("after")
+    finally:
+        assert d.stop() == 0, d.stderr

@@ -88,7 +88,10 @@ class ClaimTable:
 
     def _load(self, index: int) -> tuple[int, ClientState]:
         word = int(lib.shm_load_acquire(self._at(index, _Field.STATE)))
-        return word >> 8, ClientState(word & 0xFF)
+        try:
+            return word >> 8, ClientState(word & 0xFF)
+        except ValueError:  # a client scribbled on its entry: it is leaving, as far as we care
+            return word >> 8, ClientState.CLOSING
 
     def _swap(self, index: int, expected: int, desired: int) -> bool:
         return bool(lib.shm_cas(self._at(index, _Field.STATE), expected, desired))

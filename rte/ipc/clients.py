@@ -119,6 +119,8 @@ class ClientTable:
                 self._adopt(entry.index, entry.pid, entry.start)
             elif entry.state is ClientState.REVOKED and not is_alive(entry.pid, entry.start):
                 table.give_back_revoked(entry.index, entry.generation)
+            elif entry.state is ClientState.CLOSING and not is_alive(entry.pid, entry.start):
+                table.set_state(entry.index, ClientState.FREE)  # scribbled on, then died
             elif entry.state is ClientState.CLAIMED:
                 age = (time.monotonic_ns() - entry.last_pop_ns) / 1e9
                 if age > CLAIM_GRACE_S:  # its claimer died before finishing the claim

@@ -117,10 +117,14 @@ class DaemonCore:
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
             self._retry_orphans(now)
         for connection in list(self.table.connections.values()):  # 2.
-            connection.flush()
-            if connection.dropped and not connection.backlog:
-                self.out.tell_dropped(connection)
-            self._drain(connection)
+            try:
+                connection.flush()
+                if connection.dropped and not connection.backlog:
+                    self.out.tell_dropped(connection)
+                self._drain(connection)
+            except Exception:  # one client's traffic never ends the loop for everyone
+                log.exception("client %d broke the protocol: disconnected", connection.index)
+                self._reap(connection, reason="disconnected: protocol error", revoked=True)
         due = self.table.due()  # 3.
         if due:
             self.out.deliver(self.loop.step(due), None)
