@@ -225,10 +225,14 @@ class ShmClient(EngineClient):
             self._close_mappings()
 
     def _wait_until_freed(self, deadline: float) -> None:
-        while time.monotonic() < deadline and self._daemon_alive():
+        """Until our slot is FREE (or another's), the deadline, or the daemon is gone
+        (``_check`` asks the process table only every 100 ms, not every poll)."""
+        while time.monotonic() < deadline:
             entry = self._table.entry(self.index)
             if entry.state is ClientState.FREE or entry.generation != self._generation:
                 return
+            if entry.state is not ClientState.REVOKED:  # revoked: we are leaving anyway
+                self._check()
             time.sleep(0.001)
 
     def _close_mappings(self) -> None:
@@ -249,7 +253,8 @@ class ShmClient(EngineClient):
         if self.index >= 0 and self._table.state(self.index) is ClientState.REVOKED:
             raise EngineGone(
                 f"daemon {self.name!r} disconnected this client: it sent requests without "
-                "reading their answers (poll or notices); close it and connect again"
+                "reading their answers (poll or notices), or broke the protocol; close it "
+                "and connect again"
             )
         now = time.monotonic()
         if now - self._checked >= LIVENESS_EVERY_S:
