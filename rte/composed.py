@@ -10,8 +10,12 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, an ordered list of lan
   boundary. Residents keep their in-flight output across a join.
 * **Pipelining.** With ``pipeline_depth_chunks == 2``, DEFERRED decodes chunk
   N-1 while HOT makes chunk N: the first step emits nothing. The in-flight
-  output is held per row, as (HOT batch, position), so a detach removes only
-  its own row and a due subset decodes only its own rows.
+  output is held per HOT batch (:class:`~rte.stages.InFlight`), so a detach
+  removes only its own row and a due subset decodes only its own rows.
+* **The common step.** A due list resolves to a plan (its rows; the rows,
+  sessions and conditioning of its HOT batch), cached until the arena changes.
+  The same due list again decodes last step's HOT batch whole and makes its
+  results in one pass: no per-row bookkeeping.
 * **Bystander isolation.** A changed heavy key sends its row through ENCODE
   (asynchronous); the row sits out until the encode completes, then rejoins
   with the new value. Other rows keep advancing meanwhile.
@@ -37,28 +41,46 @@ import numpy as np
 from rte.contract import Action, Manifest, ResultKind, StepResult, Timing
 from rte.errors import AdmissionError, EngineClosedError, UnknownSessionError
 from rte.lanes import Completion, Lane, Lanes, make_lanes
-from rte.stages import Batch, HeapAllocator, OutputAllocator, StageModel
+from rte.stages import (
+    Batch,
+    HeapAllocator,
+    InFlight,
+    OutputAllocator,
+    StageModel,
+    check_conditioning,
+    chunk_results,
+)
+
+_MISSING = object()
 
 
-@dataclass
-class _Encode:
-    completion: Completion
-    values: dict[str, Any]
-
-
-@dataclass
+@dataclass(eq=False)
 class _Row:
     index: int
     session: str
-    conditioning: dict[str, Any]
+    conditioning: dict[str, Any]  # replaced on change, never mutated: batches share it
     armed: bool = False
-    age: int = 0  # chunks generated so far
-    inflight: tuple[Batch, int] | None = None  # generated, not yet decoded
-    encoding: _Encode | None = None
+    encoding: Completion | None = None  # the encode of ``encoding_values`` under way
+    encoding_values: dict[str, Any] = field(default_factory=dict)
     staged: dict[str, Any] = field(default_factory=dict)  # heavy changes not yet encoding
 
 
-_MISSING = object()
+class _Plan:
+    """What a due list resolves to while the arena is unchanged (``gen``)."""
+
+    def __init__(self, due: tuple[str, ...], gen: int, rows: list[_Row], active: list[_Row]):
+        self.due = due
+        self.gen = gen
+        self.rows = rows  # the due rows, once each, in due order
+        self.active = active  # those not refused an action this step
+        self.index = [r.index for r in rows]
+        self.hot = [r for r in active if r.armed and r.encoding is None]
+        # ``hot_index is index`` says that every due row is in the HOT batch, in due order
+        self.hot_index = self.index if len(self.hot) == len(rows) else [r.index for r in self.hot]
+        self.hot_sessions = [r.session for r in self.hot]
+        self.hot_at = np.array(self.hot_index, np.intp)
+        self.conditioning: list[dict[str, Any]] = []
+        self.conditioning_gen = -1
 
 
 class ComposedEngine:
@@ -101,10 +123,14 @@ class ComposedEngine:
             )
         self._midrun_attach = midrun_attach
         self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes)
-        self._allocator: OutputAllocator = allocator or HeapAllocator(self._manifest)
+        self._output = InFlight(allocator or HeapAllocator(self._manifest))
         self._rows: list[_Row | None] = [None] * self._manifest.max_sessions
+        self._age = np.zeros(self._manifest.max_sessions, np.int64)  # chunks generated, per row
         self._by_session: dict[str, _Row] = {}
-        self._unemitted: list[tuple[str, int, np.ndarray[Any, Any]]] = []
+        self._quiet = True  # no row pending, encoding or with a heavy change staged
+        self._gen = 0  # bumped by attach, detach, arming and encodes: a cached plan is stale
+        self._conditioning_gen = 0  # bumped by every change of a row's conditioning
+        self._plan: _Plan | None = None
         self._closed = False
 
     # -- Level 1 ----------------------------------------------------------
@@ -128,41 +154,51 @@ class ComposedEngine:
                 f"session {session!r} refused: all {n} rows are in use; "
                 "detach a session or retry later"
             )
-        self._check_conditioning(conditioning or {})
+        check_conditioning(self._model, self._keys, conditioning or {})
         row = _Row(free, session, copy.deepcopy(dict(conditioning or {})))
         self._rows[free] = row
         self._by_session[session] = row
+        self._age[free] = 0
+        self._quiet = False
+        self._gen += 1
 
     def step(
         self, due: Iterable[str], actions: Mapping[str, Action] | None = None
     ) -> list[StepResult]:
         self._check_open()
-        rows = self._resolve(due)
-        rejected = self._apply_all(actions or {})
+        key = tuple(due)
+        plan = self._plan
+        if plan is not None and plan.gen == self._gen and plan.due == key:
+            rows = plan.rows
+        else:
+            rows = self._resolve(key)
+        rejected = self._apply_all(actions) if actions else {}
         started = time.monotonic_ns()
         try:
-            self._arm()
-            self._settle_encodes()
-            self._start_encodes(rows)
-            emitted = self._advance([r for r in rows if r.session not in rejected], started)
+            if not self._quiet:
+                self._arm()
+                self._settle_encodes()
+                self._start_encodes(rows)
+                self._quiet = not any(not r.armed or r.encoding or r.staged for r in self._live())
+            plan = self._plan_for(key, rows, rejected)
+            decoded = self._advance(plan, started)
         except BaseException:
             self._fail()
             raise
-        self._unemitted.clear()
-        return self._results(rows, emitted, rejected, started)
+        self._output.emitted()
+        return self._results(plan, decoded, rejected, started)
 
     def finalize(self, sessions: Iterable[str] | None = None) -> list[StepResult]:
         self._check_open()
         rows = self._resolve(sessions) if sessions is not None else self._live()
-        flight = [r for r in rows if r.inflight is not None]
         try:
-            emitted = self._decode(flight)
+            decoded = self._decode_batches(self._output.take([r.index for r in rows]))
         except BaseException:
             self._fail()
             raise
-        self._unemitted.clear()
-        now = time.monotonic_ns()
-        return [self._chunk_result(r, emitted[r.index], now) for r in flight]
+        self._output.emitted()
+        emitted = self._emitted(decoded, time.monotonic_ns())
+        return [emitted[r.index] for r in rows if r.index in emitted]
 
     def detach(self, session: str) -> None:
         self._check_open()
@@ -178,12 +214,14 @@ class ComposedEngine:
                 raise
         del self._by_session[session]
         self._rows[row.index] = None
+        self._output.drop(row.index)  # its in-flight chunk goes with it
+        self._gen += 1
 
     def check_action(self, session: str, action: Action) -> None:
         """Raise now what ``step`` would refuse this action for (unknown session,
         malformed conditioning), so a host can answer its sender at once."""
         self._lookup(session)
-        self._check_conditioning(action.conditioning)
+        check_conditioning(self._model, self._keys, action.conditioning)
 
     # -- introspection ----------------------------------------------------
 
@@ -193,7 +231,7 @@ class ComposedEngine:
 
     def age(self, session: str) -> int:
         """Chunks the session has generated (emitted or in flight)."""
-        return self._lookup(session).age
+        return int(self._age[self._lookup(session).index])
 
     def close(self) -> None:
         """Wait for every lane and refuse further calls. Sessions are not detached."""
@@ -212,24 +250,27 @@ class ComposedEngine:
     def _arm(self) -> None:
         pending = [r for r in self._live() if not r.armed]
         if pending and self._model.seed_ready([r.index for r in pending]):
-            batch = self._batch(pending, [r.conditioning for r in pending], 0)
+            batch = self._batch(pending, [r.conditioning for r in pending])
             self.lanes.run(Lane.HOT, self._model.seed, batch)
             for r in pending:
                 r.armed = True
+            self._gen += 1
 
     def _settle_encodes(self) -> None:
         failure: BaseException | None = None
         for r in self._live():
             encode = r.encoding
-            if encode is None or not encode.completion.done():
+            if encode is None or not encode.done():
                 continue
-            r.encoding = None
+            r.encoding, values, r.encoding_values = None, r.encoding_values, {}
+            self._gen += 1
             try:
-                encode.completion.result()
+                encode.result()
             except Exception as exc:  # the change is dropped; the row keeps its old value
                 failure = failure or exc
                 continue
-            r.conditioning.update(encode.values)
+            r.conditioning = {**r.conditioning, **values}
+            self._conditioning_gen += 1
         if failure is not None:
             raise failure
 
@@ -237,72 +278,65 @@ class ComposedEngine:
         starting = [r for r in rows if r.armed and r.staged and r.encoding is None]
         if not starting:
             return
-        batch = self._batch(starting, [dict(r.staged) for r in starting], 0)
+        batch = self._batch(starting, [dict(r.staged) for r in starting])
         completion = self.lanes.submit_encode(self._run_encode, batch)
         for r in starting:
-            r.encoding = _Encode(completion, r.staged)
-            r.staged = {}
+            r.encoding, r.encoding_values, r.staged = completion, r.staged, {}
+        self._gen += 1
 
     def _run_encode(self, batch: Batch) -> None:
         for stage in self._encode:
             stage.fn(batch)
 
-    def _advance(self, rows: list[_Row], started: int) -> dict[int, tuple[int, Any, int]]:
-        hot_rows = [r for r in rows if r.armed and r.encoding is None]
+    def _plan_for(self, due: tuple[str, ...], rows: list[_Row], rejected: dict[str, str]) -> _Plan:
+        if rejected:  # a one-off: the refused rows sit this step out
+            return _Plan(due, -1, rows, [r for r in rows if r.session not in rejected])
+        plan = self._plan
+        if plan is None or plan.gen != self._gen or plan.due != due:
+            plan = self._plan = _Plan(due, self._gen, rows, rows)
+        return plan
+
+    def _advance(self, plan: _Plan, started: int) -> list[Batch]:
+        """Run HOT on the plan's hot rows; return the batches decoded this step."""
         hot = None
-        if hot_rows:
-            hot = self._batch(hot_rows, [dict(r.conditioning) for r in hot_rows], started)
+        if plan.hot:
+            if plan.conditioning_gen != self._conditioning_gen:
+                plan.conditioning = [r.conditioning for r in plan.hot]
+                plan.conditioning_gen = self._conditioning_gen
+            ages = self._age[plan.hot_at]
+            chunks: list[int] = ages.tolist()
+            hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
+            hot.generated_ns = started
             for stage in self._hot:
                 self.lanes.run(Lane.HOT, stage.fn, hot)
             hot.ready = self.lanes.mark(Lane.HOT)
-            for r in hot_rows:
-                r.age += 1
+            self._age[plan.hot_at] = ages + 1
         if not self._manifest.pipelined:
             return self._decode_batches([hot] if hot is not None else [])
-        emitted = self._decode([r for r in rows if r.inflight is not None])
+        # A batch held under this very plan was made by the last step that ran it, which
+        # took every other in-flight chunk of these rows; whatever could change that since
+        # (attach, detach, arming, encodes) replaced the plan. Whole, it is all there is.
+        taken = self._output.take_newest(plan) or self._output.take([r.index for r in plan.active])
+        decoded = self._decode_batches(taken)
         if hot is not None:
-            for position, r in enumerate(hot_rows):
-                r.inflight = (hot, position)
-        return emitted
+            self._output.hold(hot, plan)
+        return decoded
 
-    def _decode(self, rows: list[_Row]) -> dict[int, tuple[int, Any, int]]:
-        """Decode the in-flight chunks of ``rows``, grouped by the HOT batch that made them."""
-        groups: dict[int, tuple[Batch, list[int]]] = {}
-        for r in rows:
-            assert r.inflight is not None
-            batch, position = r.inflight
-            groups.setdefault(id(batch), (batch, []))[1].append(position)
-        emitted = self._decode_batches([b.subset(sorted(p)) for b, p in groups.values()])
-        for r in rows:
-            r.inflight = None
-        return emitted
-
-    def _decode_batches(self, batches: list[Batch]) -> dict[int, tuple[int, Any, int]]:
-        emitted: dict[int, tuple[int, Any, int]] = {}
+    def _decode_batches(self, batches: list[Batch]) -> list[Batch]:
         for batch in batches:
-            batch.out = []
-            for session, chunk in zip(batch.sessions, batch.chunks, strict=True):
-                buffer = self._allocator.allocate(session, chunk)
-                self._unemitted.append((session, chunk, buffer))
-                batch.out.append(buffer)
+            self._output.allocate(batch)
             self.lanes.wait(Lane.DEFERRED, batch.ready)
             self.lanes.hand_over(batch.carry, Lane.DEFERRED)
             for stage in self._deferred:
                 self.lanes.run(Lane.DEFERRED, stage.fn, batch)
-            for i, row in enumerate(batch.rows):
-                emitted[row] = (batch.chunks[i], batch.out[i], batch.generated_ns)
         if batches:
             self.lanes.publish()
-        return emitted
+        return batches
 
     def _fail(self) -> None:
         """The failure boundary: drain every lane, discard all in-flight output."""
         self.lanes.drain()
-        for r in self._live():
-            r.inflight = None
-        for session, chunk, buffer in self._unemitted:
-            self._allocator.discard(session, chunk, buffer)
-        self._unemitted.clear()
+        self._output.discard()
 
     # -- helpers ----------------------------------------------------------
 
@@ -315,7 +349,7 @@ class ComposedEngine:
         rejected = {}
         for row, action in rows:
             try:
-                self._check_conditioning(action.conditioning)
+                check_conditioning(self._model, self._keys, action.conditioning)
             except ValueError as exc:
                 rejected[row.session] = f"action refused: {exc}"
                 continue
@@ -323,68 +357,57 @@ class ComposedEngine:
         return rejected
 
     def _apply(self, row: _Row, action: Action) -> None:
+        conditioning = dict(row.conditioning)  # copy on write: batches hold the old one
         for key, value in action.conditioning.items():
             if key not in self._heavy or not row.armed:
-                row.conditioning[key] = value
+                conditioning[key] = value
                 continue
             # Compare with the value the row will hold once its queued work is done.
-            effective = row.conditioning.get(key, _MISSING)
-            if row.encoding is not None and key in row.encoding.values:
-                effective = row.encoding.values[key]
+            effective = conditioning.get(key, _MISSING)
+            if row.encoding is not None and key in row.encoding_values:
+                effective = row.encoding_values[key]
             if effective is not _MISSING and self._model.heavy_equal(key, effective, value):
                 row.staged.pop(key, None)
             else:
                 row.staged[key] = copy.deepcopy(value)
+                self._quiet = False
+        row.conditioning = conditioning
+        self._conditioning_gen += 1
 
     def _results(
-        self,
-        rows: list[_Row],
-        emitted: dict[int, tuple[int, Any, int]],
-        rejected: dict[str, str],
-        started: int,
+        self, plan: _Plan, decoded: list[Batch], rejected: dict[str, str], started: int
     ) -> list[StepResult]:
         now = time.monotonic_ns()
+        if len(decoded) == 1 and decoded[0].rows is plan.index:  # every due row, in due order
+            return chunk_results(decoded[0], now)
+        emitted = self._emitted(decoded, now)
+        timing = Timing(started, now)
         results = []
-        for r in rows:
-            if r.index in emitted:
-                results.append(self._chunk_result(r, emitted[r.index], now))
-                continue
-            error = rejected.get(r.session)
-            if error is not None:
-                kind, chunk = ResultKind.ERROR, -1
-            elif not r.armed:
-                kind, chunk = ResultKind.PENDING, r.age
-            elif r.encoding is not None:
-                kind, chunk = ResultKind.ENCODING, r.age
-            else:
-                kind, chunk = ResultKind.WARMUP, r.age
-            results.append(StepResult(r.session, chunk, kind, None, Timing(started, now), error))
+        for r in plan.rows:
+            result = emitted.get(r.index)
+            if result is None:
+                error = rejected.get(r.session)
+                if error is not None:
+                    kind, chunk = ResultKind.ERROR, -1
+                elif not r.armed:
+                    kind, chunk = ResultKind.PENDING, int(self._age[r.index])
+                elif r.encoding is not None:
+                    kind, chunk = ResultKind.ENCODING, int(self._age[r.index])
+                else:
+                    kind, chunk = ResultKind.WARMUP, int(self._age[r.index])
+                result = StepResult(r.session, chunk, kind, None, timing, error)
+            results.append(result)
         return results
 
     @staticmethod
-    def _chunk_result(row: _Row, emitted: tuple[int, Any, int], now: int) -> StepResult:
-        chunk, latent, generated = emitted
-        return StepResult(row.session, chunk, ResultKind.CHUNK, latent, Timing(generated, now))
+    def _emitted(decoded: list[Batch], now: int) -> dict[int, StepResult]:
+        """The CHUNK result of every row of the decoded batches, by row."""
+        return {r: c for b in decoded for r, c in zip(b.rows, chunk_results(b, now), strict=True)}
 
-    @staticmethod
-    def _batch(rows: list[_Row], conditioning: list[dict[str, Any]], started: int) -> Batch:
-        return Batch(
-            rows=[r.index for r in rows],
-            sessions=[r.session for r in rows],
-            chunks=[r.age for r in rows],
-            conditioning=conditioning,
-            generated_ns=started,
-        )
-
-    def _check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
-        """ValueError for a key the model does not take, or a value it refuses."""
-        if self._keys is not None and not self._keys.issuperset(conditioning):
-            unknown = ", ".join(repr(k) for k in sorted(set(conditioning) - self._keys))
-            raise ValueError(
-                f"unknown conditioning key {unknown}: {self._manifest.model or 'this model'} "
-                f"takes {', '.join(sorted(self._keys))}"
-            )
-        self._model.check_conditioning(conditioning)
+    def _batch(self, rows: list[_Row], conditioning: list[dict[str, Any]]) -> Batch:
+        """A batch of ``rows`` for seed or ENCODE."""
+        chunks = [int(self._age[r.index]) for r in rows]
+        return Batch([r.index for r in rows], [r.session for r in rows], chunks, conditioning)
 
     def _live(self) -> list[_Row]:
         return [r for r in self._rows if r is not None]
@@ -396,8 +419,7 @@ class ComposedEngine:
         return row
 
     def _resolve(self, sessions: Iterable[str]) -> list[_Row]:
-        rows = [self._lookup(s) for s in dict.fromkeys(sessions)]
-        return rows
+        return [self._lookup(s) for s in dict.fromkeys(sessions)]
 
     def _check_open(self) -> None:
         if self._closed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,25 +69,28 @@ class ResultKind(enum.Enum):
     ERROR = "error"  # the engine serving this session failed this step (``error`` says how)
 
 
-@dataclass(frozen=True)
-class Timing:
+class Timing(NamedTuple):
     """Monotonic timestamps (``time.monotonic_ns``) of one chunk.
 
     ``generated_ns`` is when the step that generated the chunk began;
-    ``emitted_ns`` when the step that emits it returned it.
+    ``emitted_ns`` when the step that emits it returned it; ``pushed_ns`` when a
+    transport pushed the chunk's record, and ``taken_ns`` when the client took
+    it (0 until then: a transport fills them with ``_replace``). A named tuple:
+    immutable and cheap to make; all rows of one batch share one.
     """
 
     generated_ns: int
     emitted_ns: int
+    pushed_ns: int = 0
+    taken_ns: int = 0
 
     @property
     def latency_ns(self) -> int:
         return self.emitted_ns - self.generated_ns
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """One due session's outcome of one step.
+class StepResult(NamedTuple):
+    """One due session's outcome of one step (a named tuple: immutable, cheap to make).
 
     Attributes:
         session: the session id.

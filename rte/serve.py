@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,11 +38,17 @@ from rte.errors import AdmissionError, UnknownSessionError
 
 @dataclass(frozen=True)
 class Attach:
-    """Admit a session. Answered by ATTACHED, REJECTED (capacity) or ERROR."""
+    """Admit a session. Answered by ATTACHED, REJECTED (capacity) or ERROR.
+
+    ``credits``: how many chunks the session may run ahead of its consumer
+    (emitted and not yet released); 0 takes the host's default. The loop
+    itself does not count them: its host picks the due sessions.
+    """
 
     session: str
     conditioning: Mapping[str, Any] = field(default_factory=dict)
     seq: int = 0
+    credits: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Wake:
 
 Request = Attach | Act | Detach | Reset
 OutboxItem = StepResult | Notice
+DEFAULT_CREDITS = 2  # chunks a session may run ahead of its consumer: one held, one ready
 
 
 class Inbox(Protocol):
@@ -145,7 +152,15 @@ def default_serve(
                 next_tick = time.monotonic()  # fell behind: do not try to catch up in a burst
 
 
-def _put(outbox: Outbox, items: Iterable[OutboxItem]) -> None:
+def _put(outbox: Outbox, items: list[OutboxItem]) -> None:
+    """Everything one call produced; an outbox with ``put_many`` takes it whole
+    (a step's chunks are then one batch for its consumer)."""
+    if not items:
+        return
+    put_many = getattr(outbox, "put_many", None)
+    if put_many is not None:
+        put_many(items)
+        return
     for item in items:
         outbox.put(item)
 

@@ -5,7 +5,9 @@
 - :class:`Doorbell` — the semaphore a sleeping ring consumer is woken by.
 - :class:`Slab` — fixed slots written once and read in place as NumPy views:
   a writer's :class:`Loan` is published and its :class:`SlotRef` sent over a
-  ring; the reader's :class:`Sample` is released when read.
+  ring; the reader's :class:`Sample` is released when read. A step's slots
+  for one reader go as one :class:`BatchLoan` / :class:`BatchSample`
+  (:mod:`shm.batch`): one call each to take, publish, check and release.
 - :mod:`shm.names` — the names of shared objects (:func:`shm_name`), and the
   listing and removal of a prefix's objects.
 - :class:`NameLock` — one live process at a time owns a name; the kernel lets
@@ -15,6 +17,7 @@ The atomics, the ring and the slot states are C (``csrc/``), built with cffi;
 the C's status codes become exceptions in one place, :func:`check_rc`.
 """
 
+from shm.batch import BatchLoan, BatchSample
 from shm.doorbell import Doorbell
 from shm.errors import (
     ForeignSegmentError,
@@ -43,6 +46,8 @@ from shm.slab import Loan, Sample, Slab
 from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState
 
 __all__ = [
+    "BatchLoan",
+    "BatchSample",
     "Doorbell",
     "ForeignSegmentError",
     "ForeignSlot",

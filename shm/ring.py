@@ -258,15 +258,22 @@ class Ring:
             return []
         return self.pop_batch_nowait()
 
-    def wait_readable(self, timeout: float, check: Callable[[], None] | None = None) -> bool:
-        """Wait by the ring's policy until a record is available; False after ``timeout``."""
+    def wait_readable(
+        self,
+        timeout: float,
+        check: Callable[[], None] | None = None,
+        policy: WaitPolicy | None = None,
+    ) -> bool:
+        """Wait by the ring's policy (or ``policy``) until a record is available;
+        False after ``timeout``."""
         ptr = self._ptr
         if lib.shm_ring_used(ptr):
             return True
+        policy = policy or self.policy
         start = time.monotonic_ns()
         deadline = start + int(timeout * 1e9)
-        spin_until = start + (self._spin_ns if self.policy is WaitPolicy.SPIN_THEN_BLOCK else 0)
-        spinning = self.policy is WaitPolicy.SPIN
+        spin_until = start + (self._spin_ns if policy is WaitPolicy.SPIN_THEN_BLOCK else 0)
+        spinning = policy is WaitPolicy.SPIN
         next_check = start + int(CHECK_EVERY_S * 1e9)
         now = start
         while True:
@@ -353,21 +360,28 @@ def wait_any(
     *,
     policy: WaitPolicy = WaitPolicy.BLOCK,
     spin_us: float = 50.0,
+    before_sleep: Callable[[], None] | None = None,
 ) -> bool:
     """Wait by ``policy`` until any of ``rings`` holds a record, or ``timeout`` s pass.
 
-    ``spin`` polls the rings for a slice and yields (the caller comes back);
-    ``spin-then-block`` polls for ``spin_us`` first, then sleeps like
-    ``block``. Every ring's producer must ring this ``doorbell``. ``ready`` is
-    any other condition to wake for; it is checked after the sleep is
-    announced, and its producers must call :meth:`Ring.wake` after making it
-    true. True when woken or already ready; False on timeout.
+    ``spin`` polls the rings (and ``ready``) for a slice and yields (the caller
+    comes back); ``spin-then-block`` polls for ``spin_us`` first, then sleeps
+    like ``block``. Every ring's producer must ring this ``doorbell``. ``ready``
+    is any other condition to wake for; it is checked after the sleep is
+    announced, and its producers must ring the doorbell (or call
+    :meth:`Ring.wake`) after making it true. ``before_sleep`` runs once the
+    spin is over and the sleep is certain but for that last check (announce
+    the sleep to ``ready``'s producers there: they post only to a sleeper, and
+    a post costs a system call). True when woken or already ready; False on
+    timeout.
     """
     if policy is not WaitPolicy.BLOCK:
         spin_ns = SPIN_SLICE_NS if policy is WaitPolicy.SPIN else int(spin_us * 1000)
         end = time.monotonic_ns() + min(spin_ns, int(timeout * 1e9))
         while time.monotonic_ns() < end:
-            if any(lib.shm_ring_used(ring._ptr) for ring in rings):
+            if any(lib.shm_ring_used(ring._ptr) for ring in rings) or (
+                ready is not None and ready()
+            ):
                 return True
         if policy is WaitPolicy.SPIN:
             os.sched_yield()  # let a peer on this core run
@@ -378,6 +392,8 @@ def wait_any(
             if ring.prepare_sleep():
                 return True
             prepared.append(ring)
+        if before_sleep is not None:
+            before_sleep()
         if ready is not None and ready():
             return True
         return doorbell.wait(timeout)

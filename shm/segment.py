@@ -270,7 +270,7 @@ class Segment:
             raise ValueError(
                 f"view of {count} x {dtype} at {offset} is outside segment {self.name}"
             )
-        mapping = self._live() if self._whole is None or not readonly else self._whole
+        mapping = self.mapping(readonly=readonly)
         end = offset + count * dtype.itemsize
         if end > len(mapping):
             raise SegmentError(f"{self.name} is mapped read-only from {len(mapping)} on here")
@@ -278,6 +278,11 @@ class Segment:
         if readonly:
             view.flags.writeable = False
         return view
+
+    def mapping(self, *, readonly: bool) -> mmap.mmap:
+        """What views are made from: for a reader mapped writable only below some
+        offset, the whole segment mapped read-only; otherwise the live mapping."""
+        return self._live() if self._whole is None or not readonly else self._whole
 
     def bytes_at(self, offset: int, size: int) -> memoryview:
         return memoryview(self._live())[offset : offset + size]

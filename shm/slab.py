@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from shm import cuda
+from shm import batch, cuda
+from shm.batch import BatchLoan, BatchSample
 from shm.errors import SegmentError, StaleSlot, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment, page_align
@@ -266,7 +267,19 @@ class Slab:
             raise
         return Loan(self, ref, array)
 
+    def loan_batch(self, owner: int, n: int, dtype: Any, shape: tuple[int, ...]) -> BatchLoan:
+        """Take ``n`` slots for ``owner`` in one call (see :func:`shm.batch.loan_batch`)."""
+        return batch.loan_batch(self, owner, n, self._layout_of(dtype, shape), shape)
+
     # -- reader -----------------------------------------------------------
+
+    def receive_batch(
+        self, owner: int, slots: Any, generations: Any, dtype: Any, shape: tuple[int, ...]
+    ) -> BatchSample:
+        """Published slots as read-only arrays (see :func:`shm.batch.receive_batch`)."""
+        return batch.receive_batch(
+            self, owner, slots, generations, self._layout_of(dtype, shape), shape
+        )
 
     def receive(self, ref: SlotRef, dtype: Any, shape: tuple[int, ...]) -> Sample:
         """The published slot ``ref`` as a read-only array of ``dtype`` and ``shape``.
@@ -383,6 +396,9 @@ class Slab:
             )
         layout = self._layouts[(dtype, shape)] = (dt, count)
         return layout
+
+    def _layout_of(self, dtype: Any, shape: tuple[int, ...]) -> np.dtype[Any]:
+        return (self._layouts.get((dtype, shape)) or self._layout(dtype, shape))[0]
 
     def _where(self, call: str, ref: SlotRef) -> str:
         """For an error message: the call, the reference, and the slot as it is now."""

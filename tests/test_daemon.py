@@ -181,7 +181,7 @@ def test_sigterm_finalizes_and_unlinks_everything(shm_prefix: str) -> None:
 
 def _record(kind: int, session: str, body: bytes) -> bytes:
     name = session.encode()
-    return HEADER.pack(kind, 0, len(name), 77) + name + body
+    return HEADER.pack(kind, 0, len(name), 77, 0) + name + body
 
 
 garbage = st.one_of(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
-from probe_model import InjectedFailure, chunks_of, make_engine
-from rte import Action, Lane, ResultKind
+from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
+from rte import Action, Batch, ComposedEngine, HeapAllocator, Lane, ResultKind
 
 
 def _reference(sessions: str, steps: int) -> dict[str, dict[int, np.ndarray]]:
@@ -138,4 +139,58 @@ def test_lifecycle_runs_every_call_on_its_lane_in_order() -> None:
         "decode",  # finalize: chunk 2
         "detach",
     ]  # fmt: skip
+    engine.close()
+
+
+class LeasingAllocator:
+    """Leases buffers per batch, as a transport does, and checks every lease comes back."""
+
+    def __init__(self, model: ProbeModel) -> None:
+        self.heap = HeapAllocator(model.manifest())
+        self.leased: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
+        self.discards: list[list[tuple[str, int]]] = []
+
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        buffers = self.heap.allocate(batch)
+        keys = zip(batch.sessions, batch.chunks, strict=True)
+        for key, buffer in zip(keys, buffers, strict=True):
+            assert key not in self.leased
+            self.leased[key] = buffer
+        return buffers
+
+    def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
+        keys = list(zip(batch.sessions, batch.chunks, strict=True))
+        for key, buffer in zip(keys, buffers, strict=True):
+            assert self.leased.pop(key) is buffer
+        self.discards.append(keys)
+
+    def returned(self, results: list[Any]) -> None:
+        """The call that leased the buffers has returned: each was emitted or discarded."""
+        for r in results:
+            if r.has_chunk:
+                assert self.leased.pop((r.session, r.chunk)) is r.latent
+        assert self.leased == {}
+
+
+@pytest.mark.parametrize("call", ["step", "finalize"])
+def test_a_failed_call_discards_each_batch_it_allocated_once(call: str) -> None:
+    model = ProbeModel(4)
+    allocator = LeasingAllocator(model)
+    engine = model.bind(ComposedEngine(model, lanes="cpu", allocator=allocator))
+    engine.attach("a")
+    engine.attach("b")
+    for _ in range(3):
+        allocator.returned(engine.step(["a", "b"]))
+    allocator.returned(engine.step(["b"]))  # a's chunk 2 stays in an older HOT batch than b's 3
+    model.fail["decode"] = InjectedFailure("decode broke")
+    with pytest.raises(InjectedFailure):
+        if call == "step":
+            engine.step(["a", "b"])
+        else:
+            engine.finalize()
+    assert allocator.discards == [[("a", 2)]]  # the first batch failed; the second never ran
+    allocator.returned([])
+    results = [r for _ in range(3) for r in engine.step(["a", "b"]) if r.has_chunk]
+    chunks = {s: [r.chunk for r in results if r.session == s] for s in "ab"}
+    assert chunks["a"][0] > 2 and chunks["b"][0] > 3  # nothing stale, nothing twice
     engine.close()

@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from probe_model import chunks_of, make_engine
-from rte import Action, Lane, ResultKind
+from probe_model import ProbeModel, chunks_of, make_engine
+from rte import (
+    Action,
+    Batch,
+    ComposedEngine,
+    HeapAllocator,
+    Lane,
+    Manifest,
+    ResultKind,
+    StepResult,
+    Timing,
+)
+
+
+class RecordingAllocator:
+    """The heap allocator, recording every batch it is asked for."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.heap = HeapAllocator(manifest)
+        self.allocated: list[tuple[list[str], list[int], int, list[np.ndarray[Any, Any]]]] = []
+
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        buffers = self.heap.allocate(batch)
+        self.allocated.append(
+            (list(batch.sessions), list(batch.chunks), batch.generated_ns, buffers)
+        )
+        return buffers
+
+    def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
+        raise AssertionError("nothing failed")
 
 
 def _stream(
@@ -158,3 +188,67 @@ def test_sessions_not_due_do_not_age_and_resume_where_they_were() -> None:
         np.testing.assert_array_equal(latent, b_chunks[chunk])
     engine.close()
     solo.close()
+
+
+def test_the_allocator_is_asked_once_per_decoded_batch_and_its_buffers_are_the_chunks() -> None:
+    model = ProbeModel(4)
+    allocator = RecordingAllocator(model.manifest())
+    engine = model.bind(ComposedEngine(model, lanes="cpu", allocator=allocator))
+    for s in "abc":
+        engine.attach(s)
+    engine.step(["a", "b", "c"])
+    assert allocator.allocated == []  # nothing decoded yet
+    for n in range(3):
+        results = engine.step(["c", "a", "b"])
+        ((sessions, chunks, generated, buffers),) = allocator.allocated  # one batch
+        allocator.allocated.clear()
+        assert sorted(sessions) == ["a", "b", "c"] and chunks == [n] * 3 and generated > 0
+        assert [r.session for r in results] == ["c", "a", "b"]
+        by_session = dict(zip(sessions, buffers, strict=True))
+        for r in results:
+            assert r.has_chunk and r.chunk == n and r.latent is by_session[r.session]
+            assert r.timing is results[0].timing and r.timing.generated_ns == generated
+        assert all(b.base is not None and b.base is buffers[0].base for b in buffers)  # one block
+    engine.step(["b"])  # a due subset decodes only its own rows
+    assert [(a[0], a[1]) for a in allocator.allocated] == [(["b"], [3])]
+    allocator.allocated.clear()
+    final = engine.finalize()  # c and a from one HOT batch (its row order), b from the next
+    assert [(a[0], a[1]) for a in allocator.allocated] == [(["c", "a"], [3, 3]), (["b"], [4])]
+    assert [(r.session, r.chunk) for r in final] == [("a", 3), ("b", 4), ("c", 3)]
+    engine.close()
+
+
+def test_results_and_timings_are_light_immutable_records() -> None:
+    timing = Timing(5, 9)
+    assert (timing.pushed_ns, timing.taken_ns, timing.latency_ns) == (0, 0, 4)
+    assert timing._replace(pushed_ns=11, taken_ns=12) == Timing(5, 9, 11, 12)
+    result = StepResult("a", 3, ResultKind.WARMUP, None, timing)
+    assert result.error is None and not result.has_chunk
+    with pytest.raises(AttributeError):
+        result.chunk = 4  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        timing.emitted_ns = 1  # type: ignore[misc]
+
+
+def test_a_changing_due_list_is_never_served_from_a_stale_plan() -> None:
+    engine, _ = make_engine(4)
+    for s in "ab":
+        engine.attach(s)
+    emitted: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+
+    def step(due: list[str]) -> None:
+        results = engine.step(due)
+        assert [r.session for r in results] == list(dict.fromkeys(due))  # once each, in order
+        for r in results:
+            if r.has_chunk:
+                emitted[r.session].append(r.chunk)
+
+    for due in (["a", "b"], ["a", "b"], ["b", "a"], ["a"], ["a", "b"], ["a", "a", "b"]):
+        step(due)
+    engine.detach("a")
+    engine.attach("c")  # takes a's row, whose last chunk was still in flight
+    assert engine.sessions()["c"] == 0
+    for _ in range(3):
+        step(["c", "b"])
+    assert emitted == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2, 3, 4, 5, 6], "c": [0, 1]}
+    engine.close()

@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import psutil
 import pytest
@@ -27,6 +29,7 @@ from rte.client import ShmClient
 from rte.contract import Notice
 from rte.ipc.control import KIND_CONTROL, DaemonState, Layout
 from rte.ipc.names import DaemonNames
+from rte.ipc.values import ARRAY_EXT
 from rte.ipc.wire import HEADER, RecordType, decode_reply
 from shm import Segment
 from shm.native import lib
@@ -42,7 +45,7 @@ def small_rings(shm_prefix: str) -> Iterator[DaemonProcess]:
 
 
 def _raw(kind: int, session: bytes, body: bytes = b"", seq: int = 77) -> bytes:
-    return HEADER.pack(kind, 0, len(session), seq) + session + body
+    return HEADER.pack(kind, 0, len(session), seq, 0) + session + body
 
 
 def _answers(raw: RawClient, n: int) -> list[Notice]:
@@ -126,10 +129,18 @@ def test_a_client_that_floods_on_is_disconnected_and_others_go_on(shm_prefix: st
         with d.client() as flooder, d.client() as bystander:
             bystander.attach("steady")
             flooder.attach("a")
-            with pytest.raises(EngineGone, match="disconnected this client"):
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline:
-                    flooder.act("ghost", {"move": (0, 1)})
+            flooding = threading.Event()
+            flooding.set()
+            reader = threading.Thread(target=_consume, args=(bystander, flooding), daemon=True)
+            reader.start()  # the bystander keeps reading (else it is idle, and detached)
+            try:
+                with pytest.raises(EngineGone, match="disconnected this client"):
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline:
+                        flooder.act("ghost", {"move": (0, 1)})
+            finally:
+                flooding.clear()
+                reader.join(10)
             counters = _counters(d.name)
             assert counters["clients_disconnected"] == 1
             stream = [c.chunk for c in take(bystander, "steady", 5)]
@@ -141,6 +152,13 @@ def test_a_client_that_floods_on_is_disconnected_and_others_go_on(shm_prefix: st
         assert d.stop() == 0, d.stderr
 
 
+def _consume(client: ShmClient, going: threading.Event) -> None:
+    while going.is_set():
+        chunk = client.poll(timeout=0.05)
+        if chunk is not None:
+            chunk.release()
+
+
 def _counters(name: str) -> dict[str, int]:
     from rte.ipc.control import Control  # noqa: PLC0415
 
@@ -150,7 +168,7 @@ def _counters(name: str) -> dict[str, int]:
 
 def test_connecting_while_the_daemon_starts_waits_instead_of_failing(shm_prefix: str) -> None:
     names = DaemonNames(shm_prefix)
-    layout = Layout(max_clients=4, ring_capacity=4096)
+    layout = Layout(max_clients=4, ring_capacity=4096, max_sessions=8)
     starting = Segment.create(names.control, layout.size, kind=KIND_CONTROL)  # state STARTING
     try:
         t0 = time.monotonic()
@@ -169,6 +187,7 @@ def test_a_forged_table_size_is_refused_not_read_past_its_end(shm_prefix: str) -
         block = HEADER_SIZE
         lib.shm_store_release(forged.word(block + 64), 1000)  # max_clients: far past the end
         lib.shm_store_release(forged.word(block + 72), 4096)  # ring capacity
+        lib.shm_store_release(forged.word(block + 80), 8)  # max sessions
         lib.shm_store_release(forged.word(block), DaemonState.READY)
         with pytest.raises(EngineGone, match="need"):
             ShmClient(shm_prefix, timeout=1)
@@ -307,10 +326,10 @@ def test_an_array_no_numpy_can_make_is_refused_and_serving_goes_on(
     with small_rings.client() as bystander:
         bystander.attach("steady")
         raw = RawClient(small_rings.name)
-        array = bytes([10, 3]) + b"<f4" + bytes([2]) + (0).to_bytes(8, "little")
+        array = bytes([2, 3]) + b"<f4" + (0).to_bytes(8, "little")
         array += (2**63).to_bytes(8, "little")  # no bytes to read; no such array either
-        body = bytes([9]) + (1).to_bytes(4, "little") + bytes([5]) + (1).to_bytes(4, "little")
-        raw.inbox.push(_raw(RecordType.ATTACH, b"a", body + b"x" + array), timeout=5)
+        body = b"\x81\xa1x" + msgspec.msgpack.encode(msgspec.msgpack.Ext(ARRAY_EXT, array))
+        raw.inbox.push(_raw(RecordType.ATTACH, b"a", body), timeout=5)
         (answer,) = _answers(raw, 1)
         assert answer.kind is NoticeKind.ERROR and "no array of shape" in answer.message
         raw.close()

@@ -81,7 +81,7 @@ def test_inspect_changes_nothing_even_on_a_frozen_daemon(
     assert detail["slab"]["held_by_client"][str(index)] > 0
     assert detail["summary"]["heartbeat_age_s"] >= 0.05
     assert "outbox" in text and "slab" in text and "counters" in text
-    assert "CHUNK 'a'" in rings or "CHUNK 'b'" in rings
+    assert "STEP 2 chunks, handles=[" in rings  # one record per step: both sessions
 
 
 def test_the_mapping_is_read_only_by_construction(shm_prefix: str) -> None:

@@ -62,7 +62,7 @@ def overlap(torch: Any, sessions: int = 64, repeat: int = 30) -> dict[str, float
         engine.step(names)
     sync = torch.cuda.synchronize
     piped = _timed(lambda: engine.step(names), repeat, sync)
-    hot_batch = engine._batch([engine._by_session[n] for n in names], [{} for _ in names], 0)
+    hot_batch = engine._batch([engine._by_session[n] for n in names], [{} for _ in names])
 
     def hot() -> None:
         for stage in engine._hot:

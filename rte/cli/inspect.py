@@ -20,7 +20,14 @@ import time
 from typing import Any
 
 from rte.errors import DaemonRunningError
-from rte.ipc.inspect import daemons, remove_leftovers, ring_records, snapshot, summary
+from rte.ipc.inspect import (
+    daemons,
+    delivery_us,
+    remove_leftovers,
+    ring_records,
+    snapshot,
+    summary,
+)
 from shm import ShmError
 
 
@@ -92,6 +99,10 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
 
 
+def _us(value: float) -> str:
+    return f"<={value:,.0f} µs" if value >= 10 else f"<={value:.1f} µs"
+
+
 def render_list(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no rte daemons of this user (start one: rte serve --name NAME)"
@@ -148,11 +159,12 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
                 f"{r['high_water_bytes']:>8}"
                 f"{r['full_events']:>6}{r['pushed']:>10}{r['bytes_pushed']:>12}{rate:>9}"
             )
-        if dt > 0 and c["index"] in before and c["sessions"]:
-            chunks = (
-                c["rings"]["outbox"]["pushed"] - before[c["index"]]["rings"]["outbox"]["pushed"]
-            )
-            lines.append(f"{'':26}  ~{chunks / dt / c['sessions']:,.1f} chunks/s per session")
+        old_client = before.get(c["index"])
+        taken = delivery_us(
+            c["pushed_to_taken"], old_client["pushed_to_taken"] if old_client else None
+        )
+        if taken:
+            lines.append(f"{'':26}  pushed to taken: p50 {_us(taken[0])}  p99 {_us(taken[1])}")
     if not snap["clients"]:
         lines.append("(no clients)")
     slab = snap["slab"]
@@ -168,6 +180,16 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
             f"reclaimed {st['reclaimed']}  "
             f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
             f"full {st['full_events']}  high water {st['high_water']}",
+        ]
+    pushed = delivery_us(
+        snap["emitted_to_pushed"], previous["emitted_to_pushed"] if previous else None
+    )
+    if pushed:
+        recent = " (since the last refresh)" if previous else ""
+        lines += [
+            "",
+            f"delivery{recent}  emitted to pushed (daemon): p50 {_us(pushed[0])}  "
+            f"p99 {_us(pushed[1])}; pushed to taken (client): per client above",
         ]
     counters = dict(snap["counters"])
     first, last = counters.pop("first_error_ns"), counters.pop("last_error_ns")

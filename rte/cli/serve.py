@@ -9,6 +9,7 @@ from typing import Any
 from rte.errors import ConfigurationError
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
+from rte.serve import DEFAULT_CREDITS
 
 
 def add_parser(sub: Any) -> None:
@@ -24,6 +25,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ring-kib", type=int, default=256, help="each client ring's size")
     p.add_argument("--slab-slots", type=int, default=64, help="chunks in flight in all")
     p.add_argument("--quota", type=int, default=0, help="slots per client (0: an even share)")
+    p.add_argument(
+        "--credits",
+        type=int,
+        default=DEFAULT_CREDITS,
+        help="chunks a session may have emitted and not released before it waits for its "
+        f"client (default {DEFAULT_CREDITS}; a client may ask for others per attach)",
+    )
     p.add_argument("--pace-hz", type=float, default=0.0, help="steps per second (0: flat out)")
     p.add_argument(
         "--wait-policy", default="spin-then-block", choices=["spin", "spin-then-block", "block"]
@@ -44,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
             ring_kib=args.ring_kib,
             slab_slots=args.slab_slots,
             quota=args.quota,
+            credits=args.credits,
             pace_hz=args.pace_hz,
             wait_policy=args.wait_policy,
             idle_limit_s=args.idle_limit_s,

@@ -13,6 +13,7 @@ Both hand out :class:`Chunk` s and raise only :mod:`rte.errors` classes.
 from __future__ import annotations
 
 from rte.client.base import Chunk, EngineClient
+from rte.client.batch import ChunkBatch
 from rte.client.inprocess import InProcessClient
 from rte.client.shm import ShmClient
 from rte.composed import ComposedEngine
@@ -57,6 +58,7 @@ def connect(
 __all__ = [
     "AdmissionError",
     "Chunk",
+    "ChunkBatch",
     "ClientClosedError",
     "EngineClient",
     "EngineGone",

@@ -3,9 +3,13 @@
 After vLLM's ``EngineCoreClient`` with its ``InprocClient`` / ``MPClient``: the
 behaviour lives here once (request numbering, waiting for an answer, sorting
 what arrives into chunks, answers and notices, the held-chunk count, close), and
-each form supplies only its transport in three methods: ``_send`` a request,
-``_receive`` what arrived, ``_shutdown``. So a behaviour test written against
-this interface runs unchanged on both forms.
+each form supplies only its transport in four methods: ``_send`` a request,
+``_receive`` what arrived, ``_give_back`` released rows, ``_shutdown``. So a
+behaviour test written against this interface runs unchanged on both forms.
+
+Chunks arrive a step at a time, as a :class:`~rte.client.batch.ChunkBatch`
+per step (``poll_batch``: no Python object per chunk); ``poll`` and
+``results`` hand out the same batches a chunk at a time, for convenience.
 
 Requests carry a sequence number; the engine answers ATTACH, RESET and
 DETACH with notices that carry it, and a waiting call returns (or raises) on
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rte.client.batch import ChunkBatch
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.serve import Act, Attach, Detach, Request, Reset
@@ -58,7 +63,7 @@ class Chunk:
         self.chunk = chunk
         self.latent = latent
         self.timing = timing
-        self.lease = lease  # the transport's hold on the chunk's memory (a slab sample)
+        self.lease = lease  # (batch, row): the step batch the chunk is a row of
         self._release: Callable[[Chunk], None] | None = release
 
     def release(self) -> None:
@@ -97,11 +102,12 @@ class EngineClient(abc.ABC):
         self.manifest = manifest
         self.sessions: set[str] = set()
         self._seq = 0
-        self._chunks: collections.deque[Chunk] = collections.deque()
         self._notices: collections.deque[Notice] = collections.deque()
         self._replies: dict[int, Notice] = {}
         self._waiting: dict[int, frozenset[NoticeKind]] = {}
-        self._held: set[Chunk] = set()
+        self._batches: collections.deque[ChunkBatch] = collections.deque()
+        self._cursor = 0  # rows of the first batch already handed out by poll
+        self._held = 0  # rows handed out and not yet released
         self._closed = False
 
     # -- transport (what each form supplies) ---------------------------------
@@ -111,8 +117,12 @@ class EngineClient(abc.ABC):
         """Hand one request to the engine, waiting up to ``timeout`` s for room."""
 
     @abc.abstractmethod
-    def _receive(self, timeout: float) -> list[Chunk | Notice]:
+    def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
         """What the engine sent, waiting up to ``timeout`` s for something ([] if nothing)."""
+
+    @abc.abstractmethod
+    def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        """Rows of ``batch`` (indices into its lease) were released: hand their memory back."""
 
     @abc.abstractmethod
     def _shutdown(self) -> None:
@@ -121,11 +131,23 @@ class EngineClient(abc.ABC):
     # -- sessions -------------------------------------------------------------
 
     def attach(
-        self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
+        self,
+        session: str,
+        conditioning: Mapping[str, Any] | None = None,
+        *,
+        credits: int = 0,
+        timeout: float = 5.0,
     ) -> None:
         """Attach a session. AdmissionError at capacity, RequestError if refused,
-        RequestTimeout without an answer in ``timeout`` s."""
-        self._call(Attach(session, dict(conditioning or {}), self._next_seq()), timeout)
+        RequestTimeout without an answer in ``timeout`` s.
+
+        ``credits``: how many of its chunks may be emitted and not yet released
+        before the session waits for this client (1 to 255; 0: the engine's
+        default). Fewer credits, less latency from an action to the chunk that
+        shows it; more, more slack for a consumer that releases late.
+        """
+        request = Attach(session, dict(conditioning or {}), self._next_seq(), credits)
+        self._call(request, timeout)
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> None:
         """Send an action; it applies at the session's next step. Does not wait
@@ -148,20 +170,48 @@ class EngineClient(abc.ABC):
 
     # -- results --------------------------------------------------------------
 
+    def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
+        """The next step's chunks as one batch, waiting up to ``timeout`` s; None if
+        none came. Release it (``release()`` or a ``with`` block) when done."""
+        if not self._wait_for_chunks(timeout):
+            return None
+        batch = self._batches.popleft()
+        if self._cursor:
+            batch, self._cursor = batch.tail(self._cursor), 0
+        self._held += len(batch)
+        return batch
+
     def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, waiting up to ``timeout`` s; None if none came."""
+        if not self._wait_for_chunks(timeout):
+            return None
+        batch, i = self._batches[0], self._cursor
+        self._cursor += 1
+        if self._cursor == len(batch):
+            self._batches.popleft()
+            self._cursor = 0
+        self._held += 1
+        latent = batch.latents[i]
+        return Chunk(
+            batch.sessions[i],
+            int(batch.chunks[i]),
+            latent,
+            batch.timing(i),
+            _release_row,
+            (batch, i),
+        )
+
+    def _wait_for_chunks(self, timeout: float) -> bool:
         self._check_open()
-        if not self._chunks:
+        if not self._batches:
             deadline = time.monotonic() + timeout
             self._pump(timeout)
-            while not self._chunks:  # only notices came: keep waiting for a chunk
+            while not self._batches:  # only notices came: keep waiting for a chunk
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None
+                    return False
                 self._pump(left)
-        chunk = self._chunks.popleft()
-        self._held.add(chunk)
-        return chunk
+        return True
 
     def results(self, timeout: float = 1.0) -> Iterator[Chunk]:
         """Chunks as they come; stops after ``timeout`` s without one."""
@@ -178,8 +228,8 @@ class EngineClient(abc.ABC):
         return out
 
     def held(self) -> int:
-        """Chunks handed out by poll/results and not yet released."""
-        return len(self._held)
+        """Chunks handed out by poll/results/poll_batch and not yet released."""
+        return self._held
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -188,8 +238,8 @@ class EngineClient(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        self._chunks.clear()
-        self._held.clear()
+        self._batches.clear()
+        self._held = 0
         self.sessions.clear()
         self._shutdown()
 
@@ -240,8 +290,8 @@ class EngineClient(abc.ABC):
     def _pump(self, timeout: float) -> None:
         """Sort whatever arrives (waiting up to ``timeout`` s) into chunks, answers, notices."""
         for item in self._receive(timeout):
-            if isinstance(item, Chunk):
-                self._chunks.append(item)
+            if isinstance(item, ChunkBatch):
+                self._batches.append(item)
                 continue
             if item.kind is NoticeKind.ATTACHED:
                 self.sessions.add(item.session)
@@ -254,6 +304,13 @@ class EngineClient(abc.ABC):
                 self._replies[item.seq] = item
             # else: a step of the call being waited on (the DETACHED of a RESET)
 
-    def _released(self, chunk: Chunk) -> None:
-        """A chunk of ours was released: no longer held."""
-        self._held.discard(chunk)
+    def _release_rows(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        """What every batch calls on release: count, then the transport gives back."""
+        if not self._closed:  # closed: the engine took everything back
+            self._held -= len(rows)
+            self._give_back(batch, rows)
+
+
+def _release_row(chunk: Chunk) -> None:
+    batch, row = chunk.lease
+    batch.release_row(row)

@@ -2,15 +2,17 @@
 
 The engine is driven by :func:`rte.serve.default_serve` on a thread of its own
 (which steps it for its whole life, as CUDA streams want), through two
-``queue.Queue`` s: requests in, chunks and notices out. No copy is made: a
-chunk's latent is the array the engine wrote (made read-only).
+``queue.Queue`` s: requests in, and out one item per step (its chunks, as one
+batch) or notice. No copy is made: a batch's latents are the block the engine
+wrote the step's chunks into (made read-only).
 
-Backpressure, as in the daemon: a client may hold at most ``quota`` chunks
-received and not released; past it no session is due, so a caller that stops
-reading stalls its sessions instead of growing memory. Releasing a chunk below
-the quota wakes the loop. Requests are held to the wire's limits (session id
-length, sendable values), so both client forms refuse the same requests, and
-at most ``INBOX_LIMIT`` wait for the loop.
+Backpressure, as in the daemon: each session may have at most its ``credits``
+chunks emitted and not released (default :data:`rte.serve.DEFAULT_CREDITS`),
+and the client at most ``quota`` in all; a session past either is not due, so
+a caller that stops reading stalls its sessions instead of growing memory.
+Releasing wakes the loop only when it waits for this client. Requests are held
+to the wire's limits (session id length, sendable values), so both client
+forms refuse the same requests, and at most ``INBOX_LIMIT`` wait for the loop.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ import contextlib
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from rte.client.base import Chunk, EngineClient
-from rte.contract import Engine, Notice, StepResult
+import numpy as np
+
+from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch
+from rte.contract import Engine, Notice, NoticeKind, StepResult
 from rte.errors import EngineGone, RequestTimeout
 from rte.ipc.wire import encode_request
-from rte.serve import Request, Stop, Wake, default_serve
+from rte.serve import DEFAULT_CREDITS, Attach, Request, Stop, Wake, default_serve
 
 STOP_TIMEOUT_S = 30.0
 INBOX_LIMIT = 4096  # requests waiting for the loop: past it, a call times out
@@ -37,24 +43,36 @@ class InProcessClient(EngineClient):
 
     Args:
         engine: any Level-1 engine (e.g. ``ComposedEngine(ReferenceModel(8))``).
-        quota: chunks received and not yet released before sessions stall
+        quota: chunks received and not yet released before every session stalls
             (default: two per row).
+        credits: each session's default credits (see :meth:`EngineClient.attach`).
         pace_hz: target steps per second; None steps as fast as possible.
     """
 
     def __init__(
-        self, engine: Engine, *, quota: int | None = None, pace_hz: float | None = None
+        self,
+        engine: Engine,
+        *,
+        quota: int | None = None,
+        credits: int = DEFAULT_CREDITS,
+        pace_hz: float | None = None,
     ) -> None:
         manifest = engine.manifest()
         super().__init__("in-process", manifest)
         self.engine = engine
         self.quota = quota or 2 * manifest.max_sessions
-        if self.quota < 1:
-            raise ValueError(f"quota must be at least 1, got {self.quota}")
+        if self.quota < 1 or credits < 1:
+            raise ValueError(f"quota and credits must be at least 1, got {self.quota}, {credits}")
+        self.credits = credits
         self._inbox: queue.Queue[Request | Stop | Wake] = queue.Queue(INBOX_LIMIT)
-        self._outbox: queue.Queue[StepResult | Notice] = queue.Queue()
-        self._lock = threading.Lock()
+        self._outbox: queue.Queue[_Step | Notice] = queue.Queue()
+        self._lock = threading.Lock()  # the counts below: the loop thread and ours
         self._unreleased = 0  # chunks put in the outbox and not yet released
+        self._credit: dict[str, int] = {}  # per session, as attached
+        self._emitted: dict[str, int] = {}  # per session binding, since its ATTACHED
+        self._consumed: dict[str, int] = {}
+        self._epoch: dict[str, int] = {}  # bindings of each session id so far
+        self._starved = False  # the loop left a session out for want of credit
         self._thread = threading.Thread(
             target=self._serve, args=(pace_hz,), name="rte-inprocess", daemon=True
         )
@@ -63,18 +81,33 @@ class InProcessClient(EngineClient):
 
     def _serve(self, pace_hz: float | None) -> None:
         try:
-            default_serve(self.engine, self._inbox, _Counted(self), pace_hz=pace_hz, due=self._due)
+            default_serve(self.engine, self._inbox, _Outbox(self), pace_hz=pace_hz, due=self._due)
         except BaseException as exc:  # the client must say why its engine is gone
             self._failure = exc
 
     def _due(self, sessions: list[str]) -> list[str]:
-        return sessions if self._unreleased < self.quota else []
+        """On the loop thread: the sessions with credit, while the quota holds."""
+        with self._lock:
+            if self._unreleased >= self.quota:
+                due = []
+            else:
+                emitted, consumed, credit = self._emitted, self._consumed, self._credit
+                due = [
+                    s
+                    for s in sessions
+                    if emitted.get(s, 0) - consumed.get(s, 0) < credit.get(s, self.credits)
+                ]
+            self._starved = len(due) < len(sessions)
+        return due
 
     # -- transport --------------------------------------------------------
 
     def _send(self, request: Request, timeout: float) -> None:
         self._check_alive()
         encode_request(request)  # the wire's limits hold here too: both forms refuse alike
+        if isinstance(request, Attach):
+            with self._lock:
+                self._credit[request.session] = request.credits or self.credits
         try:
             self._inbox.put(request, timeout=timeout)
         except queue.Full:
@@ -82,8 +115,8 @@ class InProcessClient(EngineClient):
                 f"the engine is not taking requests: {INBOX_LIMIT} wait already ({timeout}s)"
             ) from None
 
-    def _receive(self, timeout: float) -> list[Chunk | Notice]:
-        items: list[StepResult | Notice] = []
+    def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
+        items: list[_Step | Notice] = []
         deadline = time.monotonic() + timeout
         while True:
             try:  # in slices, so that a loop that ended is noticed within one
@@ -99,23 +132,42 @@ class InProcessClient(EngineClient):
                 items.append(self._next())
         except queue.Empty:
             pass
-        return [self._chunk(i) if isinstance(i, StepResult) else i for i in items]
+        taken = time.monotonic_ns()
+        return [self._batch(i, taken) if isinstance(i, _Step) else i for i in items]
 
-    def _next(self) -> StepResult | Notice:
+    def _next(self) -> _Step | Notice:
         return self._outbox.get_nowait()
 
-    def _chunk(self, result: StepResult) -> Chunk:
-        latent = result.latent
-        assert latent is not None
-        latent.flags.writeable = False
-        return Chunk(result.session, result.chunk, latent, result.timing, self._release)
+    def _batch(self, step: _Step, taken: int) -> ChunkBatch:
+        results = step.results
+        latents = [r.latent for r in results]
+        block = _one_block(latents)  # type: ignore[arg-type]  # chunks carry latents
+        for latent in latents if block is None else [block]:
+            latent.flags.writeable = False  # type: ignore[union-attr]
+        first = results[0].timing
+        lease = list(zip([r.session for r in results], step.epochs, strict=True))
+        return ChunkBatch(
+            [r.session for r in results],
+            np.array([r.chunk for r in results], np.int64),
+            block if block is not None else latents,  # type: ignore[arg-type]
+            np.array([r.timing.generated_ns for r in results], np.int64),
+            emitted_ns=first.emitted_ns,
+            pushed_ns=first.pushed_ns or first.emitted_ns,
+            taken_ns=taken,
+            release=self._release_rows,
+            lease=lease,
+        )
 
-    def _release(self, chunk: Chunk) -> None:
-        self._released(chunk)
+    def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        lease: list[tuple[str, int]] = batch.lease
         with self._lock:
-            self._unreleased -= 1
-            woke = self._unreleased == self.quota - 1
-        if woke:
+            self._unreleased -= len(rows)
+            for row in rows.tolist():
+                session, epoch = lease[row]
+                if self._epoch.get(session) == epoch:
+                    self._consumed[session] = self._consumed.get(session, 0) + 1
+            wake, self._starved = self._starved, False
+        if wake:
             with contextlib.suppress(queue.Full):  # a full inbox wakes the loop anyway
                 self._inbox.put_nowait(Wake())
 
@@ -132,19 +184,67 @@ class InProcessClient(EngineClient):
             reason = f": {self._failure!r}" if self._failure is not None else ""
             raise EngineGone(f"the in-process serve loop has ended{reason}")
 
-    def _count(self, n: int) -> None:
+    def _sent(self, items: list[StepResult | Notice]) -> list[_Step | Notice]:
+        """On the loop thread: count what goes out, in order, and group each run
+        of chunks (a step's) into one item, stamped with its sessions' bindings."""
+        out: list[_Step | Notice] = []
         with self._lock:
-            self._unreleased += n
+            emitted, epoch = self._emitted, self._epoch
+            for item in items:
+                if isinstance(item, StepResult):
+                    if not out or not isinstance(out[-1], _Step):
+                        out.append(_Step([], []))
+                    step = out[-1]
+                    assert isinstance(step, _Step)
+                    step.results.append(item)
+                    step.epochs.append(epoch.get(item.session, 0))
+                    emitted[item.session] = emitted.get(item.session, 0) + 1
+                    self._unreleased += 1
+                    continue
+                if item.kind is NoticeKind.ATTACHED:  # a new binding counts from zero
+                    s = item.session
+                    epoch[s] = epoch.get(s, 0) + 1
+                    emitted[s] = self._consumed[s] = 0
+                out.append(item)
+        return out
 
 
-class _Counted:
-    """The loop's outbox: counts the chunks that go out against the quota."""
+@dataclass
+class _Step:
+    """One step's chunks, as queued: each with its session's binding then."""
+
+    results: list[StepResult]
+    epochs: list[int]
+
+
+def _one_block(latents: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
+    """The block the latents are the rows of, in order, if they are all of one."""
+    base = latents[0].base
+    if (
+        not isinstance(base, np.ndarray)
+        or len(base) != len(latents)
+        or base.shape[1:] != latents[0].shape
+        or any(latent.base is not base for latent in latents)
+        or any(
+            latent.__array_interface__["data"][0] != base[i].__array_interface__["data"][0]
+            for i, latent in enumerate(latents)
+        )
+    ):
+        return None
+    return base
+
+
+class _Outbox:
+    """The loop's outbox: a step's chunks go out as one item, after the
+    notices that came before them, and are counted against credit and quota."""
 
     def __init__(self, client: InProcessClient) -> None:
         self.client = client
         self.queue = client._outbox
 
     def put(self, item: Any) -> None:
-        if isinstance(item, StepResult):
-            self.client._count(1)
-        self.queue.put(item)
+        self.put_many([item])
+
+    def put_many(self, items: list[StepResult | Notice]) -> None:
+        for item in self.client._sent(items):
+            self.queue.put(item)

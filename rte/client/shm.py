@@ -11,8 +11,16 @@
 
 A client claims one slot of the daemon's client table and owns its ring pair:
 requests go out on its inbox ring, chunks and notices come back on its outbox
-ring; a chunk is a view of the slab slot the engine wrote it into, released
-back in place. Every wait checks the daemon's state word, and its pid and
+ring: one STEP record per step, however many sessions, naming the slab slots
+the engine wrote that step's chunks into (one run of slots, read in place as
+one array). A released batch goes back in one C call; the client counts what
+it consumed per session in its credit block, and rings the daemon's doorbell
+only when the daemon sleeps for want of this client's credits.
+
+Waiting for a paced daemon (``rte serve --pace-hz``), the client sleeps until
+just before the daemon's published next tick, then spins until the step's
+record lands: a chunk is held within microseconds of its push, at a few
+percent of a core. Every wait checks the daemon's state word, and its pid and
 start time about every 100 ms, so a dead daemon is :class:`~rte.errors.EngineGone`
 within about a second, never a hang. No ``shm`` exception escapes: each
 becomes the :mod:`rte.errors` class that says what it means for the caller.
@@ -22,20 +30,23 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import psutil
 
-from rte.client.base import Chunk, EngineClient
-from rte.contract import Notice, NoticeKind, Timing
+from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch
+from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, WireError
 from rte.ipc.claims import ClientState
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState
 from rte.ipc.names import DaemonNames
-from rte.ipc.wire import Bye, ChunkRef, decode_reply, encode_request
+from rte.ipc.wire import Bye, StepRecord, decode_reply, encode_request, reply_handle
 from rte.serve import Request
 from shm import (
+    BatchSample,
     Doorbell,
     ForeignSlot,
     RecordTooLarge,
@@ -46,8 +57,8 @@ from shm import (
     SegmentVersionError,
     ShmError,
     Slab,
-    SlotRef,
     StaleSlot,
+    WaitPolicy,
     WouldBlock,
     is_alive,
 )
@@ -55,6 +66,17 @@ from shm.segment import HEADER_SIZE
 
 LIVENESS_EVERY_S = 0.1
 LEAVE_TIMEOUT_S = 1.0  # how long close() waits for the daemon to free our slot
+TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
+TICK_SPIN_NS = 2_000_000  # ... and spin at most this long past it before sleeping again
+
+
+@dataclass(frozen=True)
+class _Lease:
+    """A batch's hold on its slots, and which sessions (handle, binding) it credits."""
+
+    sample: BatchSample
+    handles: np.ndarray[Any, Any]
+    tokens: np.ndarray[Any, Any]
 
 
 class ShmClient(EngineClient):
@@ -91,6 +113,7 @@ class ShmClient(EngineClient):
             self._own(self._slab.segment)
             self._bell = self._own(Doorbell(names.bell))
             self._join(names, deadline, policy, spin_us)
+            self._block = self._control.client_block(self.index)
             self._bell.ring()  # wake an idle daemon so that it adopts us now
         except BaseException as exc:
             self._give_back_slot()
@@ -99,6 +122,12 @@ class ShmClient(EngineClient):
                 raise _meaning(exc, f"joining daemon {name!r}") from None
             raise
         self._dtype = np.dtype(self.manifest.latent_dtype)
+        self._shape = self.manifest.latent_shape
+        self._paced_wait = policy == WaitPolicy.SPIN_THEN_BLOCK.value
+        sessions = self._control.layout.max_sessions
+        self._names: list[str | None] = [None] * sessions  # by handle, as ATTACHED said
+        self._handle_of: dict[str, int] = {}
+        self._tokens = np.zeros(sessions, np.int64)  # bindings of each handle so far
 
     def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> None:
         """Claim a client slot, set up its rings, and activate it (claiming again
@@ -172,40 +201,102 @@ class ShmClient(EngineClient):
                 exc, f"sending {type(request).__name__.lower()} to {self.name!r}"
             ) from None
 
-    def _receive(self, timeout: float) -> list[Chunk | Notice]:
+    def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
         try:
-            if timeout > 0:
-                records = self._outbox.pop_batch(timeout, self._check)
-            else:
-                records = self._outbox.pop_batch_nowait()
+            if timeout > 0 and not self._wait(timeout):
+                return []
+            records = self._outbox.pop_batch_nowait()
         except ShmError as exc:  # a corrupt ring: the daemon (or a stray writer) broke it
             raise _meaning(exc, f"reading from {self.name!r}") from None
-        if records:
-            self._table.note_pop(self.index)
-        out: list[Chunk | Notice] = []
+        if not records:
+            return []
+        taken = time.monotonic_ns()
+        self._table.note_pop(self.index)
+        out: list[ChunkBatch | Notice] = []
         for raw in records:
             try:
                 item = decode_reply(raw)
-                out.append(self._chunk(item) if isinstance(item, ChunkRef) else item)
-            except (WireError, ShmError, ValueError) as exc:
+                if isinstance(item, StepRecord):
+                    out.append(self._batch(item, taken))
+                    continue
+                out.append(item)
+                if item.kind is NoticeKind.ATTACHED:
+                    self._bind(item.session, reply_handle(raw))
+                elif item.kind is NoticeKind.DETACHED:
+                    self._unbind(item.session)
+            except (WireError, ShmError, ValueError, IndexError) as exc:
                 out.append(Notice("", NoticeKind.ERROR, f"unreadable record: {exc}"))
         return out
 
-    def _chunk(self, ref: ChunkRef) -> Chunk:
-        slot = SlotRef(ref.slot, ref.generation, self.index)
-        sample = self._slab.receive(slot, self._dtype, ref.shape)
-        timing = Timing(ref.generated_ns, ref.emitted_ns)
-        return Chunk(ref.session, ref.chunk, sample.array, timing, self._release, sample)
+    def _wait(self, timeout: float) -> bool:
+        """Wait for a record by the policy; around a paced daemon's tick, sleep
+        until just before it and spin until the step's record lands."""
+        ring, check = self._outbox, self._check
+        if ring.used():
+            return True
+        deadline = time.monotonic() + timeout
+        tick = self._control.next_tick_ns if self._paced_wait else 0
+        if tick:
+            now = time.monotonic_ns()
+            if tick - TICK_LEAD_NS > now:
+                nap = min(timeout, (tick - TICK_LEAD_NS - now) / 1e9)
+                if ring.wait_readable(nap, check, WaitPolicy.BLOCK):
+                    return True
+            spin = min(deadline - time.monotonic(), (tick + TICK_SPIN_NS - now) / 1e9)
+            if spin > 0 and ring.wait_readable(spin, check, WaitPolicy.SPIN):
+                return True
+        return ring.wait_readable(max(deadline - time.monotonic(), 0.0), check)
 
-    def _release(self, chunk: Chunk) -> None:
-        self._released(chunk)
-        if self.closed:
-            return  # the daemon reclaimed our slots when we left
+    def _bind(self, session: str, handle: int) -> None:
+        if not 0 <= handle < len(self._names):
+            raise WireError(f"ATTACHED {session!r} names handle {handle}, past this daemon's")
+        self._unbind(session)  # a reset: the old binding ends here
+        self._names[handle] = session
+        self._handle_of[session] = handle
+        self._tokens[handle] += 1
+
+    def _unbind(self, session: str) -> None:
+        handle = self._handle_of.pop(session, None)
+        if handle is not None and self._names[handle] == session:
+            self._names[handle] = None
+
+    def _batch(self, step: StepRecord, taken: int) -> ChunkBatch:
+        names = self._names
+        sessions = [names[h] for h in step.handles.tolist()]
+        if None in sessions:
+            raise WireError(f"STEP names handles {step.handles.tolist()}, not all attached")
+        sample = self._slab.receive_batch(
+            self.index, step.slots, step.generations, self._dtype, self._shape
+        )
+        self._block.histogram.add(taken - step.pushed_ns)
+        lease = _Lease(sample, step.handles, self._tokens[step.handles])
+        latents = sample.block if sample.block is not None else sample.rows
+        return ChunkBatch(
+            sessions,  # no None left: checked above
+            step.chunks,
+            latents,
+            step.generated_ns,
+            emitted_ns=step.emitted_ns,
+            pushed_ns=step.pushed_ns,
+            taken_ns=taken,
+            release=self._release_rows,
+            lease=lease,
+        )
+
+    def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        lease: _Lease = batch.lease
         try:
-            chunk.lease.release()
+            if len(rows) == len(lease.sample):
+                lease.sample.release()
+            else:
+                lease.sample.release_rows(rows)
         except (StaleSlot, ForeignSlot):
-            return  # not ours any more (reclaimed): nothing to give back
-        self._inbox.wake()  # a daemon asleep for want of our free slots steps on
+            return  # not ours any more (reclaimed): nothing to give back or credit
+        handles = lease.handles[rows]
+        live = handles[self._tokens[handles] == lease.tokens[rows]]  # not reset since
+        self._block.consumed[live] += 1
+        if self._block.feed():  # the daemon sleeps for want of our credits
+            self._bell.ring()
 
     def _shutdown(self) -> None:
         """Say BYE and wait (bounded) until the daemon has freed our slot, so a

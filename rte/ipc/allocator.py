@@ -1,45 +1,94 @@
-"""SlabAllocator: the engine's output buffers are loans of slab slots.
+"""SlabAllocator: the engine's output buffers are leases of slab slots, a batch at a time.
 
 The engine's DEFERRED lane writes each chunk into the buffer the allocator
-hands it (:class:`rte.composed.OutputAllocator`); here that buffer is a slot of
-the shared slab, loaned for the session's owner, so the chunk is written once,
-in place, where its reader will look at it. The daemon core takes the loan
-back when the chunk is emitted (to publish it and name it in a record); a
-failed step's chunks are discarded, and their loans aborted.
+hands it (:class:`rte.stages.OutputAllocator`); here a decoded batch's
+buffers are slots of the shared slab, leased per owner (the client a session
+belongs to) in one call each, as one run of adjacent slots when one is free:
+each client's chunks of a step are written once, in place, as one array
+where their reader will look at them. After each step (or finalize) the core
+takes the step's leases (:meth:`SlabAllocator.take`) to publish them and name
+them in one STEP record per client; a failed step's leases are aborted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rte.contract import Manifest
-from shm import Loan, Slab
+from rte.ipc.clients import Connection
+from rte.stages import Batch
+from shm import BatchLoan, Slab
+
+
+@dataclass
+class Lease:
+    """One client's slots for one decoded batch, and what they will hold."""
+
+    owner: Connection
+    loan: BatchLoan
+    sessions: list[str]
+    chunks: list[int]
+    generated_ns: int
 
 
 class SlabAllocator:
-    """Loans slab slots as output buffers; ``owner_of(session)`` names the slab
-    owner (the client slot) a session's chunks are charged to."""
+    """Leases slab slots as output buffers; ``owner_of(session)`` names the
+    connection a session's chunks are charged to and go to."""
 
-    def __init__(self, slab: Slab, manifest: Manifest, owner_of: Callable[[str], int]) -> None:
+    def __init__(
+        self, slab: Slab, manifest: Manifest, owner_of: Callable[[str], Connection]
+    ) -> None:
         self.slab = slab
         self.shape = manifest.latent_shape
         self.dtype = np.dtype(manifest.latent_dtype)
         self.owner_of = owner_of
-        self.loans: dict[tuple[str, int], Loan] = {}
+        self.pending: list[Lease] = []  # leased since the last take, in order
+        self._by_batch: dict[int, list[Lease]] = {}
 
-    def allocate(self, session: str, chunk: int) -> np.ndarray[Any, Any]:
-        loan = self.slab.loan(self.owner_of(session), self.dtype, self.shape)
-        self.loans[(session, chunk)] = loan
-        return loan.array
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        sessions, chunks = batch.sessions, batch.chunks
+        owners = [self.owner_of(s) for s in sessions]
+        first = owners[0]
+        groups: dict[int, tuple[Connection, list[int]]]
+        if all(o is first for o in owners):
+            groups = {first.index: (first, list(range(len(owners))))}
+        else:
+            groups = {}
+            for position, owner in enumerate(owners):
+                groups.setdefault(owner.index, (owner, []))[1].append(position)
+        buffers: list[Any] = [None] * len(owners)
+        leases = self._by_batch.setdefault(id(batch), [])
+        try:
+            for owner, positions in groups.values():
+                loan = self.slab.loan_batch(owner.index, len(positions), self.dtype, self.shape)
+                for position, row in zip(positions, loan.rows, strict=True):
+                    buffers[position] = row
+                lease = Lease(
+                    owner,
+                    loan,
+                    [sessions[p] for p in positions],
+                    [chunks[p] for p in positions],
+                    batch.generated_ns,
+                )
+                leases.append(lease)
+                self.pending.append(lease)
+        except BaseException:
+            self.discard(batch, buffers)
+            raise
+        return buffers
 
-    def discard(self, session: str, chunk: int, buffer: np.ndarray[Any, Any]) -> None:
-        loan = self.loans.pop((session, chunk), None)
-        if loan is not None:
-            loan.abort()
+    def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
+        for lease in self._by_batch.pop(id(batch), []):
+            lease.loan.abort()
+            self.pending.remove(lease)
 
-    def take(self, session: str, chunk: int) -> Loan:
-        """The loan holding an emitted chunk: the caller publishes or aborts it."""
-        return self.loans.pop((session, chunk))
+    def take(self) -> list[Lease]:
+        """The leases of the chunks emitted since the last call: the caller
+        publishes them (or gives them back)."""
+        taken, self.pending = self.pending, []
+        self._by_batch.clear()
+        return taken

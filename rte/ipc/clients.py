@@ -9,9 +9,12 @@ A client claims a slot of the control segment's client table itself
   emptied, their slot FREE for the next client;
 - free a CLAIMED slot whose claimer died before finishing the claim (after a
   grace period);
-- pick the **due** sessions fairly: a session steps only while its owner has
-  slab quota left (a client that holds all its slots stalls only its own
-  sessions), and a client with more sessions than room rotates which go first;
+- pick the **due** sessions fairly: a session steps only while it has credit
+  (fewer of its chunks emitted and not released than its credits: run-ahead
+  is explicit) and its owner has slab quota left (a client that holds all its
+  slots stalls only its own sessions); a client with more sessions than room
+  rotates which go first. Each session has a small **handle** in its client's
+  credit block, where the client counts what it consumed;
 - spot clients that stopped consuming (the **idle** limit), and clients that
   flood requests without reading the answers (**overflowing**).
 
@@ -28,9 +31,12 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from rte.ipc.claims import ClientState
-from rte.ipc.control import Control
+from rte.ipc.control import ClientBlock, Control
 from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
 
 log = logging.getLogger("rte.daemon")
@@ -47,13 +53,57 @@ class Connection:
     inbox: Ring
     outbox: Ring
     backlog_limit: int
+    block: ClientBlock
     sessions: list[str] = field(default_factory=list)
+    handles: dict[str, int] = field(default_factory=dict)  # session -> handle
     backlog: collections.deque[bytes] = field(default_factory=collections.deque)
     backlog_bytes: int = 0
     dropped: int = 0  # answers dropped since the client was last told
     overflowing_since: float | None = None
     stalled_since: float | None = None
     turn: int = 0
+    names: list[str | None] = field(default_factory=list)  # handle -> session
+    emitted: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
+    credits: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
+    next_handle: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.block.consumed)
+        self.names = [None] * n
+        self.emitted = np.zeros(n, np.int64)
+        self.credits = np.zeros(n, np.int64)  # 0: no session, never due
+
+    def bind(self, session: str, credits: int) -> int:
+        """Give ``session`` a handle (the least recently used free one) and its credits."""
+        n = len(self.names)
+        for k in range(n):
+            handle = (self.next_handle + k) % n
+            if self.names[handle] is None:
+                break
+        else:
+            raise RuntimeError(f"client {self.index} has no free session handle ({n})")
+        self.next_handle = handle + 1
+        self.names[handle] = session
+        self.handles[session] = handle
+        self.sessions.append(session)
+        self.emitted[handle] = int(self.block.consumed[handle])  # counts from here
+        self.credits[handle] = credits
+        return handle
+
+    def unbind(self, session: str) -> None:
+        handle = self.handles.pop(session)
+        self.names[handle] = None
+        self.credits[handle] = 0
+        self.sessions.remove(session)
+
+    def with_credit(self) -> list[str]:
+        """The sessions that may step: fewer chunks out than their credits."""
+        # the client writes ``consumed`` (a stale or hostile count is only ever its own
+        # sessions' problem: the slab quota still bounds it); unbound handles have 0 credits
+        ahead = self.emitted - self.block.consumed.view(np.int64)
+        due = (ahead < self.credits) & (self.credits > 0)
+        names = self.names
+        return [names[h] for h in np.flatnonzero(due).tolist()]  # type: ignore[misc]
 
     def send(self, record: bytes) -> bool:
         """Push now, or queue behind earlier records; False (nothing queued,
@@ -133,7 +183,11 @@ class ClientTable:
         outbox = Ring(
             self.segment, layout.outbox(index), doorbell=self.client_bells[index], policy="spin"
         )
-        self.connections[index] = Connection(index, pid, start, inbox, outbox, self.backlog_limit)
+        block = self.control.client_block(index)
+        block.reset()
+        self.connections[index] = Connection(
+            index, pid, start, inbox, outbox, self.backlog_limit, block
+        )
         log.info("client %d (pid %d) connected; %d clients", index, pid, len(self.connections))
 
     def remove(self, connection: Connection, *, revoked: bool = False) -> None:
@@ -170,33 +224,44 @@ class ClientTable:
         return self.slab.quota - self.slab.held(connection.index)
 
     def due(self) -> list[str]:
-        """Sessions whose owner has a free slot for them, fairly rotated."""
+        """Sessions with credit whose owner has a free slot for them, fairly rotated."""
         due: list[str] = []
         for connection in self.connections.values():
-            sessions = connection.sessions
-            if not sessions:
+            if not connection.sessions:
                 continue
             room = self.room(connection)
             if room <= 0:
                 continue
-            if room >= len(sessions):
-                due += sessions
+            ready = connection.with_credit()
+            if room >= len(ready):
+                due += ready
                 continue
-            start = connection.turn % len(sessions)
+            start = connection.turn % len(ready)
             connection.turn += 1
-            due += (sessions[start:] + sessions[:start])[:room]
+            due += (ready[start:] + ready[:start])[:room]
         return due
 
     def can_step(self) -> bool:
-        """Whether some session could step now (its owner released a slot)."""
-        return any(c.sessions and self.room(c) > 0 for c in self.connections.values())
+        """Whether some session could step now (its owner released a slot and credit)."""
+        return any(
+            c.sessions and self.room(c) > 0 and c.with_credit() for c in self.connections.values()
+        )
+
+    def starve(self) -> None:
+        """Before the daemon sleeps: mark each client whose sessions wait for it, so
+        that its next release rings the doorbell (then :meth:`can_step` is re-checked)."""
+        for c in self.connections.values():
+            if c.sessions:
+                c.block.starve()
 
     def idle(self, now: float, limit: float) -> list[Connection]:
         """Connections whose sessions have waited on them for more than ``limit``
         seconds: they consumed nothing while chunks or answers were ready."""
         idle = []
         for c in self.connections.values():
-            stalled = c.sessions and (c.backlog or self.room(c) <= 0 or c.outbox.used() > 0)
+            stalled = c.sessions and (
+                c.backlog or self.room(c) <= 0 or c.outbox.used() > 0 or not c.with_credit()
+            )
             if not stalled:
                 c.stalled_since = None
                 continue

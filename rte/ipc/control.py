@@ -1,8 +1,10 @@
 """The daemon's control segment: what the daemon, its clients and inspectors share.
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
-    page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON)
+    page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
+                    next tick time (paced), delivery histogram (rte.ipc.latency)
     page 2...       client table: one 128-byte entry per client slot (rte.ipc.claims)
+    then            per client slot, its credit block (:class:`ClientBlock`)
     then            per client slot, two rings: inbox (client -> daemon), outbox
 
 Every word that two processes write is read and written through the C atomics
@@ -27,7 +29,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from rte.contract import Manifest
+from rte.ipc import latency
 from rte.ipc.claims import ENTRY, ClaimTable
 from shm import Ring, Segment, SegmentError
 from shm.native import lib
@@ -35,8 +40,9 @@ from shm.segment import HEADER_SIZE, PAGE, page_align
 
 KIND_CONTROL = 0x52544531  # "RTE1"
 KIND_SLAB = 0x52544532  # "RTE2"
-MAX_MANIFEST = 3000
+MAX_MANIFEST = 2048
 MAX_CLIENTS = 1024
+MAX_SESSIONS = 1 << 16
 
 
 class DaemonState(enum.IntEnum):
@@ -63,10 +69,52 @@ class Counter(enum.IntEnum):
 
 
 # daemon block word offsets (bytes from the block start)
-_STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS = 0, 8, 16, 32
-_SETTINGS = 64  # max_clients, ring_capacity
+_STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS, _NEXT_TICK = 0, 8, 16, 32, 40
+_SETTINGS = 64  # max_clients, ring_capacity, max_sessions
 _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
+_HISTOGRAM = 2816  # emitted -> pushed, latency.BUCKETS words
+# client block word indices
+_STARVED, _CLIENT_HISTOGRAM = 0, 8
+_CONSUMED = _CLIENT_HISTOGRAM + latency.BUCKETS
+
+
+class ClientBlock:
+    """One client slot's credit block, shared by the client and the daemon.
+
+    - ``consumed[h]``: chunks of the session with handle ``h`` the client has
+      released (written by the client only; the daemon compares it with what
+      it emitted to know whether the session has credit left);
+    - ``starved``: set by the daemon before it sleeps while this client's
+      sessions have no credit; the client that releases a chunk clears it
+      and rings the daemon's doorbell (so it rings only when the daemon waits
+      for it, once);
+    - ``histogram``: pushed-to-taken delivery times (:mod:`rte.ipc.latency`).
+    """
+
+    def __init__(self, segment: Segment, offset: int, max_sessions: int) -> None:
+        words = np.frombuffer(
+            segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions)), dtype=np.uint64
+        )
+        self.starved = segment.word(offset + 8 * _STARVED)
+        self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
+        self.consumed = words[_CONSUMED:]
+
+    @staticmethod
+    def size(max_sessions: int) -> int:
+        return 128 * -(-(8 * (_CONSUMED + max_sessions)) // 128)
+
+    def starve(self) -> None:
+        """The daemon waits for this client (full barrier: then it re-checks credit)."""
+        lib.shm_cas(self.starved, 0, 1)
+
+    def feed(self) -> bool:
+        """Clear ``starved`` (full barrier after the consumed counts); True when it was set."""
+        return bool(lib.shm_cas(self.starved, 1, 0))
+
+    def reset(self) -> None:
+        """For a new client in this slot (the daemon's, before it is adopted)."""
+        lib.shm_store_release(self.starved, 0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +123,7 @@ class Layout:
 
     max_clients: int
     ring_capacity: int
+    max_sessions: int
 
     @property
     def block(self) -> int:
@@ -85,8 +134,15 @@ class Layout:
         return HEADER_SIZE + PAGE
 
     @property
-    def rings(self) -> int:
+    def client_blocks(self) -> int:
         return page_align(self.table + ENTRY * self.max_clients)
+
+    def client_block(self, client: int) -> int:
+        return self.client_blocks + client * ClientBlock.size(self.max_sessions)
+
+    @property
+    def rings(self) -> int:
+        return page_align(self.client_block(self.max_clients))
 
     def inbox(self, client: int) -> int:
         return self.rings + 2 * client * Ring.footprint(self.ring_capacity)
@@ -126,12 +182,16 @@ class Control:
             state = self.state  # acquire: pairs with the release of READY in set_state
             if state is DaemonState.STARTING:
                 raise SegmentError(f"{self.segment.name}: the daemon is still starting")
-            max_clients, capacity = (
-                int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(2)
+            max_clients, capacity, max_sessions = (
+                int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(3)
             )
-            if not (1 <= max_clients <= MAX_CLIENTS and capacity >= 64):
+            if not (
+                1 <= max_clients <= MAX_CLIENTS
+                and capacity >= 64
+                and 1 <= max_sessions <= MAX_SESSIONS
+            ):
                 raise SegmentError(f"{self.segment.name}: corrupt settings ({max_clients} clients)")
-            layout = Layout(max_clients, capacity)
+            layout = Layout(max_clients, capacity, max_sessions)
             if layout.size > self.segment.size:
                 raise SegmentError(
                     f"{self.segment.name}: its settings ({max_clients} clients, rings of "
@@ -158,7 +218,9 @@ class Control:
         raw = manifest_to_json(manifest)
         if len(raw) > MAX_MANIFEST:
             raise ValueError(f"manifest of {len(raw)} bytes does not fit in {MAX_MANIFEST}")
-        struct.pack_into("<QQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity)
+        struct.pack_into(
+            "<QQQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity, layout.max_sessions
+        )
         struct.pack_into("<I", block, _MANIFEST, len(raw))
         block[_MANIFEST + 4 : _MANIFEST + 4 + len(raw)] = raw
         control = cls(segment)
@@ -198,6 +260,32 @@ class Control:
     def claims(self) -> int:
         """Client slots ever claimed: a daemon that sees it change adopts at once."""
         return int(lib.shm_load_acquire(self._word(_CLAIMS)))
+
+    def client_block(self, client: int) -> ClientBlock:
+        """Client slot ``client``'s credit block (see :class:`ClientBlock`)."""
+        layout = self.layout
+        return ClientBlock(self.segment, layout.client_block(client), layout.max_sessions)
+
+    def client_histogram(self, client: int) -> latency.Histogram:
+        """Client slot ``client``'s pushed-to-taken delivery times (readable read-only)."""
+        layout = self.layout
+        at = layout.client_block(client) + 8 * _CLIENT_HISTOGRAM
+        words = np.frombuffer(self.segment.bytes_at(at, 8 * latency.BUCKETS), dtype=np.uint64)
+        return latency.Histogram(words)
+
+    @property
+    def histogram(self) -> latency.Histogram:
+        """The daemon's emitted-to-pushed delivery times."""
+        raw = self.segment.bytes_at(self.layout.block + _HISTOGRAM, 8 * latency.BUCKETS)
+        return latency.Histogram(np.frombuffer(raw, dtype=np.uint64))
+
+    @property
+    def next_tick_ns(self) -> int:
+        """When a paced daemon's next step begins (time.monotonic_ns); 0 when not paced."""
+        return int(lib.shm_load_acquire(self._word(_NEXT_TICK)))
+
+    def set_next_tick(self, ns: int) -> None:
+        lib.shm_store_release(self._word(_NEXT_TICK), ns)
 
     def count(self, counter: Counter, n: int = 1) -> None:
         lib.shm_fetch_add(self._word(_COUNTERS + 8 * counter), n)

@@ -10,14 +10,17 @@ stops it. Each turn is a short numbered sequence:
    :class:`~rte.ipc.router.Router` (ownership) and handed to the shared
    :class:`~rte.serve.ServeLoop`; a bad record gets an ERROR back to its
    sender only, and nothing one client sends can end the loop;
-3. step the due sessions (owners with slab quota left); the engine writes
-   each chunk straight into a slab slot (:class:`~rte.ipc.allocator.SlabAllocator`),
-   and :class:`~rte.ipc.outbound.Outbound` publishes it and announces it to its
-   owner in one fixed record;
+3. step the due sessions (those with credit left, whose owners have slab
+   quota left); the engine writes each client's chunks of the step straight
+   into one run of slab slots (:class:`~rte.ipc.allocator.SlabAllocator`), and
+   :class:`~rte.ipc.outbound.Outbound` publishes them and announces them to
+   their owner in one STEP record;
 4. detach the sessions of a client that consumed nothing for the idle limit,
    and tell it why; disconnect a client that floods requests without reading;
-5. wait: on the doorbell when idle (by the wait policy), or for the next tick
-   when paced.
+5. wait: on the doorbell when idle (by the wait policy; a client whose
+   sessions are out of credit is marked starved, so that its next release
+   rings), or for the next tick when paced (published in the control block
+   before each turn, so that clients spin only around it).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
 from rte.ipc.wire import Bye, decode_request, request_seq
-from rte.serve import Detach, OutboxItem, Reset, ServeLoop
+from rte.serve import Attach, Detach, OutboxItem, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 
@@ -44,6 +47,7 @@ log = logging.getLogger("rte.daemon")
 SCAN_EVERY_S = 0.1
 IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and scan
 ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
+IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +71,16 @@ class DaemonCore:
         self.table = ClientTable(
             shared.control, shared.segment, shared.slab, shared.bell, shared.client_bells
         )
-        self.router = Router()
+        self.router = Router(settings.credits)
         manifest = model.manifest()
-        self.allocator = SlabAllocator(shared.slab, manifest, self.router.owner_index)
+        self.allocator = SlabAllocator(shared.slab, manifest, self.router.owner_of)
         self.engine = ComposedEngine(model, allocator=self.allocator)
         self.loop = ServeLoop(self.engine)
-        self.out = Outbound(
-            shared.control, shared.slab, self.table, self.router, self.allocator, manifest
-        )
+        self.out = Outbound(shared.control, shared.slab, self.table, self.router, self.allocator)
         self.policy = WaitPolicy(settings.wait_policy)
         self.failure: BaseException | None = None
         self._next_scan = 0.0
+        self._next_idle_check = 0.0
         self._claims = -1
         self._orphans: set[str] = set()  # detached from their client, not from the engine
         self._next_orphan_retry = 0.0
@@ -89,8 +92,10 @@ class DaemonCore:
         next_tick = time.monotonic()
         try:
             while not stopping.is_set():
+                if period:  # 5. clients may sleep until just before the next one
+                    self.control.set_next_tick(int((next_tick + period) * 1e9))
                 stepped = self.turn()
-                if period:  # 5.
+                if period:
                     next_tick += period
                     delay = next_tick - time.monotonic()
                     if delay > 0:
@@ -130,6 +135,9 @@ class DaemonCore:
             self.out.deliver(self.loop.step(due), None)
             self.control.count(Counter.STEPS)
         self.out.count_chunks()
+        if now < self._next_idle_check:
+            return bool(due)
+        self._next_idle_check = now + IDLE_CHECK_EVERY_S
         limit = self.settings.idle_limit_s  # 4.
         for idle in self.table.idle(now, limit):
             reason = f"idle: nothing consumed for {limit:g}s (the idle limit)"
@@ -190,7 +198,12 @@ class DaemonCore:
             return
         if isinstance(message, Detach | Reset) and not self._room_to_finalize(message.session):
             message = dataclasses.replace(message, finalize=False)
-        self.out.deliver(self.loop.handle(message), connection)
+        credits = 0  # what an ATTACHED binds the session with (0: the default)
+        if isinstance(message, Attach):
+            credits = message.credits
+        elif isinstance(message, Reset) and message.session in connection.handles:
+            credits = int(connection.credits[connection.handles[message.session]])
+        self.out.deliver(self.loop.handle(message), connection, credits)
         self.table.publish_sessions(connection)
 
     def _room_to_finalize(self, session: str) -> bool:
@@ -243,7 +256,14 @@ class DaemonCore:
         """Nothing to step: wait for a request by the wait policy (bounded: the
         loop must come round to beat, scan clients and notice a stop)."""
         inboxes = [c.inbox for c in self.table.connections.values()]
-        wait_any(inboxes, self.bell, IDLE_SLEEP_S, self._woken, policy=self.policy)
+        wait_any(
+            inboxes,
+            self.bell,
+            IDLE_SLEEP_S,
+            self._woken,
+            policy=self.policy,
+            before_sleep=self.table.starve,  # their next release rings; _woken re-checks
+        )
 
     def _woken(self) -> bool:
         """Other reasons not to sleep: a session could step, or a client is claiming."""

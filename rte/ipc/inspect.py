@@ -5,7 +5,9 @@ from the counters the daemon keeps in its segments, through read-only mappings
 (the kernel refuses any write), and nothing is ever asked of the daemon. So it
 works on a daemon under full load, on a hung one, and on a dead one's
 leftovers. The functions return plain dicts (the ``--json`` output);
-:mod:`rte.cli.inspect` renders them.
+:mod:`rte.cli.inspect` renders them. Delivery latency comes as histogram
+counts (:mod:`rte.ipc.latency`): the daemon's emitted-to-pushed, and each
+client's pushed-to-taken; :func:`delivery_us` turns them into percentiles.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from rte.errors import DaemonRunningError
+from rte.ipc import latency
 from rte.ipc.claims import ClientState
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control
 from rte.ipc.names import DaemonNames
@@ -68,6 +73,15 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
     }
 
 
+def delivery_us(counts: list[int], before: list[int] | None = None) -> list[float]:
+    """p50 and p99 in µs of a delivery histogram (of what was added since
+    ``before``, when given: the recent deliveries); [] when there were none."""
+    now = np.asarray(counts, np.int64)
+    if before is not None:
+        now = now - np.asarray(before, np.int64)
+    return latency.percentiles_us(now)
+
+
 def remove_leftovers(name: str) -> list[str]:
     """Unlink what a dead daemon ``name`` left; refuses (DaemonRunningError) a live one."""
     try:
@@ -105,6 +119,7 @@ def snapshot(name: str) -> dict[str, Any]:
                     "sessions": entry.sessions,
                     "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
                     "rings": rings,
+                    "pushed_to_taken": control.client_histogram(entry.index).counts().tolist(),
                 }
             )
         return {
@@ -114,6 +129,7 @@ def snapshot(name: str) -> dict[str, Any]:
             "clients": clients,
             "slab": _slab(slab_segment) if slab_segment is not None else None,
             "counters": control.counters(),
+            "emitted_to_pushed": control.histogram.counts().tolist(),
             "taken_at": time.time(),
         }
     finally:

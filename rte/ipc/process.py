@@ -158,7 +158,7 @@ def _running_message(names: DaemonNames) -> str:
 def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest) -> Shared:
     """Create every shared object, each undone by ``stack`` (last made, first gone)."""
     names, n = settings.names, settings.max_clients
-    layout = Layout(n, settings.ring_capacity)
+    layout = Layout(n, settings.ring_capacity, manifest.max_sessions)
     segment = _owned(stack, Segment.create(names.control, layout.size, kind=KIND_CONTROL))
     control = Control.initialise(segment, layout, manifest)
     slab_bytes = HEADER_SIZE + Slab.footprint(

@@ -11,7 +11,9 @@ serve loop, and routes what the loop returns:
 - a notice about the engine as a whole (session "") to every client.
 
 Ownership is learnt from the outcomes themselves: ATTACHED binds a session to
-its requester, DETACHED unbinds it once delivered.
+its requester (with the credits its request asked for), DETACHED unbinds it
+once delivered. Binding gives the session a handle in its client's credit
+block, which the ATTACHED notice carries.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ from rte.serve import Request
 class Router:
     """Session ownership over the connections of one daemon."""
 
-    def __init__(self) -> None:
+    def __init__(self, default_credits: int) -> None:
         self.owners: dict[str, Connection] = {}
+        self.default_credits = default_credits
 
     def owner(self, session: str) -> Connection | None:
         return self.owners.get(session)
 
-    def owner_index(self, session: str) -> int:
-        """The slab owner a session's chunks are charged to (its client's slot)."""
-        return self.owners[session].index
+    def owner_of(self, session: str) -> Connection:
+        """The connection a session's chunks go to (KeyError for an unowned one)."""
+        return self.owners[session]
 
     def refuse(self, requester: Connection, request: Request) -> str | None:
         """Why ``requester`` may not make ``request`` (None: it may)."""
@@ -44,13 +47,18 @@ class Router:
         return None
 
     def route(
-        self, notice: Notice, requester: Connection | None, everyone: Iterable[Connection]
+        self,
+        notice: Notice,
+        requester: Connection | None,
+        everyone: Iterable[Connection],
+        credits: int = 0,
     ) -> list[Connection]:
-        """Where ``notice`` goes; updates ownership by what it says."""
+        """Where ``notice`` goes; updates ownership by what it says (``credits``:
+        what the request that produced an ATTACHED asked for)."""
         owner = self.owners.get(notice.session)
         if notice.kind is NoticeKind.ATTACHED and requester is not None:
             if owner is None:
-                self._bind(notice.session, requester)
+                self._bind(notice.session, requester, credits or self.default_credits)
             return [requester]
         if owner is not None:
             if notice.kind is NoticeKind.DETACHED:
@@ -66,10 +74,10 @@ class Router:
         if owner is not None:
             self._unbind(session, owner)
 
-    def _bind(self, session: str, connection: Connection) -> None:
+    def _bind(self, session: str, connection: Connection, credits: int) -> None:
+        connection.bind(session, credits)
         self.owners[session] = connection
-        connection.sessions.append(session)
 
     def _unbind(self, session: str, connection: Connection) -> None:
         del self.owners[session]
-        connection.sessions.remove(session)
+        connection.unbind(session)

@@ -15,6 +15,8 @@ from typing import Any
 from rte.errors import ConfigurationError
 from rte.ipc.control import MAX_CLIENTS
 from rte.ipc.names import DaemonNames
+from rte.ipc.wire import MAX_CREDITS
+from rte.serve import DEFAULT_CREDITS
 from shm import WaitPolicy
 
 MIN_RING_KIB = 4
@@ -34,6 +36,9 @@ class Settings:
         quota: slots one client may hold at once; 0: an even share. Quotas may
             not over-commit the slab (quota x max_clients <= slab_slots), so a
             client that holds all its slots stalls only itself.
+        credits: each session's default credits: how many of its chunks may be
+            emitted and not yet released before it waits for its client (a
+            client may ask for other credits per attach).
         pace_hz: target steps per second; 0 steps as fast as possible.
         wait_policy: how an idle daemon waits for requests.
         idle_limit_s: a client that consumes nothing this long while its
@@ -48,6 +53,7 @@ class Settings:
     ring_kib: int = 256
     slab_slots: int = 64
     quota: int = 0
+    credits: int = DEFAULT_CREDITS
     pace_hz: float = 0.0
     wait_policy: str = "spin-then-block"
     idle_limit_s: float = 30.0
@@ -76,6 +82,8 @@ class Settings:
                 f"--slab-slots {self.slab_slots}: clients could starve each other; "
                 f"use --quota {self.slab_slots // self.max_clients} or more slots"
             )
+        if not 1 <= self.credits <= MAX_CREDITS:
+            raise ConfigurationError(f"--credits {self.credits}: must be 1 to {MAX_CREDITS}")
         if not self.pace_hz >= 0:
             raise ConfigurationError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
         if not self.idle_limit_s > 0:

@@ -1,197 +1,218 @@
-"""The conditioning codec: nested values and NumPy arrays as schema'd bytes.
+"""The conditioning codec: nested values and NumPy arrays as MessagePack, through msgspec.
 
 Action conditioning (what a client sends with attach, act and reset) is nested
-None/bool/int/float/str/bytes/list/tuple/dict[str, ...] and NumPy arrays. One
-tag byte per value, lengths before contents, arrays as dtype + shape + raw
-bytes, numeric dtypes only. The decoder checks every length against what
-remains and limits depth, so hostile bytes give a :class:`~rte.errors.WireError`,
-never a crash or an unbounded allocation. Nothing read from shared memory is
-ever unpickled.
+None/bool/int/float/str/bytes/list/tuple/dict[str, ...] and NumPy arrays. On
+the wire it is one MessagePack value (msgspec's encoder and decoder, made once
+here and reused), so a message is as small and as quick to make and to read as
+msgpack allows. The value is at the top of the body and must take all of it.
+
+- ``None``, ``bool``, ``str`` and ``bytes`` (a ``bytearray`` goes as bytes) are
+  msgpack's own; a ``float`` is a float64; an ``int`` must fit 64 bits, as
+  msgpack carries them (-2**63 to 2**64 - 1).
+- A ``list`` and a ``tuple`` both go as a msgpack array, and **every array
+  decodes as a tuple**: msgpack has one sequence type; a tuple is what clients
+  send (``{"move": (0, 1)}`` arrives as it was sent), it cannot be changed in
+  place by whoever holds the conditioning, and the models take either (``move``
+  is any two ints). ``{"move": [0, 1]}`` arrives as ``{"move": (0, 1)}``.
+- A mapping is a msgpack map whose keys are all ``str``, both ways.
+- A NumPy array is extension type :data:`ARRAY_EXT` (1), whose data is
+  ``ndim u8 | dtype length u8 | dtype | shape ndim x u64 | raw bytes``, little
+  endian: ``dtype`` is NumPy's ``dtype.str`` (``"<f4"``, ``"|b1"``: byte order
+  kept), numeric kinds only (bool, ints, floats, complex: never object, void or
+  structured), at most :data:`MAX_NDIM` dims, the bytes in C order. A decoded
+  array is the receiver's own writable copy, never a view of the ring.
+- NumPy scalars (``np.int64``, ``np.float32``, ``np.bool_``) go as the plain
+  Python values they hold.
+
+The common body, a map of str keys to scalars and to arrays of scalars, is
+decoded by a typed decoder (``dict[str, scalar | tuple[scalar, ...]] | None``)
+that checks it in C; anything else by an untyped one (with the array
+extension), whose result is checked here.
+
+A value nests at most :data:`MAX_DEPTH` containers deep, both ways. What cannot
+be sent, and any bytes this module did not make (truncated, flipped, a map with
+an int key, an unknown extension, an array whose header and bytes disagree), is
+a :class:`~rte.errors.WireError` that says what is wrong: never another
+exception, a crash, or an allocation bigger than the bytes received. Nothing
+read from shared memory is ever unpickled.
 """
 
 from __future__ import annotations
 
-import enum
 import math
+import re
 import struct
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from rte.errors import WireError
 
 MAX_DEPTH = 32
 MAX_NDIM = 8
+ARRAY_EXT = 1  # the msgpack extension type code of a NumPy array
 
-
-class _Tag(enum.IntEnum):
-    NONE = 0
-    FALSE = 1
-    TRUE = 2
-    INT = 3
-    FLOAT = 4
-    STR = 5
-    BYTES = 6
-    LIST = 7
-    TUPLE = 8
-    DICT = 9
-    ARRAY = 10
-
-
-_I64 = struct.Struct("<q")
-_F64 = struct.Struct("<d")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 _ARRAY_KINDS = "biufc"  # bool, ints, floats, complex: never object or void
+_DTYPE = re.compile(rb"[<>|][biufc][0-9]{1,2}")  # what ``dtype.str`` of those kinds looks like
+_ARRAY_HEAD = struct.Struct("<BB")  # ndim, dtype length
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+_FLAT = _SCALARS | {np.ndarray}  # leaves of the common small dict, checked in one loop
+_SENDABLE = (bool, int, float, str, bytes, bytearray, np.bool_, np.integer, np.floating)
+
+
+def _enc_hook(obj: Any) -> Any:
+    """What msgspec does not encode itself: arrays, NumPy scalars, subclasses."""
+    if isinstance(obj, np.ndarray):
+        return _array_ext(obj)
+    if isinstance(obj, bool | np.bool_):
+        return bool(obj)
+    if isinstance(obj, int | np.integer):
+        return int(obj)
+    if isinstance(obj, float | np.floating):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise WireError(f"cannot send a {type(obj).__name__} as conditioning")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != ARRAY_EXT:
+        raise WireError(f"unknown msgpack extension type {code}")
+    return _decode_array(data)
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_Scalar = None | bool | int | float | str  # msgspec allows one of str and bytes in a union
+_COMMON = msgspec.msgpack.Decoder(dict[str, _Scalar | tuple[_Scalar, ...]] | None)
 
 
 def encode_value(value: Any) -> bytes:
     """Encode nested None/bool/int/float/str/bytes/list/tuple/dict[str, ...]/ndarray."""
-    out = bytearray()
-    _encode(value, out, 0)
-    return bytes(out)
-
-
-def _encode(value: Any, out: bytearray, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise WireError(f"conditioning nests deeper than {MAX_DEPTH}")
-    if value is None:
-        out.append(_Tag.NONE)
-    elif isinstance(value, bool | np.bool_):
-        out.append(_Tag.TRUE if value else _Tag.FALSE)
-    elif isinstance(value, int | np.integer):
-        if not -(1 << 63) <= int(value) < (1 << 63):
-            raise WireError(f"integer {value} does not fit in 64 bits")
-        out.append(_Tag.INT)
-        out += _I64.pack(int(value))
-    elif isinstance(value, float | np.floating):
-        out.append(_Tag.FLOAT)
-        out += _F64.pack(float(value))
-    elif isinstance(value, str):
-        _sized(out, _Tag.STR, value.encode())
-    elif isinstance(value, bytes | bytearray):
-        _sized(out, _Tag.BYTES, bytes(value))
-    elif isinstance(value, list | tuple):
-        out.append(_Tag.LIST if isinstance(value, list) else _Tag.TUPLE)
-        out += _U32.pack(len(value))
-        for item in value:
-            _encode(item, out, depth + 1)
-    elif isinstance(value, Mapping):
-        out.append(_Tag.DICT)
-        out += _U32.pack(len(value))
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise WireError(f"conditioning keys must be str, got {type(key).__name__}")
-            _encode(key, out, depth + 1)
-            _encode(item, out, depth + 1)
-    elif isinstance(value, np.ndarray):
-        if value.dtype.kind not in _ARRAY_KINDS or value.ndim > MAX_NDIM:
-            raise WireError(f"arrays of dtype {value.dtype} and {value.ndim} dims cannot be sent")
-        dtype = value.dtype.str.encode()
-        out.append(_Tag.ARRAY)
-        out += bytes([len(dtype)]) + dtype + bytes([value.ndim])
-        out += struct.pack(f"<{value.ndim}Q", *value.shape)
-        out += np.ascontiguousarray(value).tobytes()
-    else:
-        raise WireError(f"cannot send a {type(value).__name__} as conditioning")
-
-
-def _sized(out: bytearray, tag: _Tag, data: bytes) -> None:
-    out.append(tag)
-    out += _U32.pack(len(data))
-    out += data
+    if type(value) is not dict or not _flat(value):
+        _check_outgoing(value, 0)
+    try:
+        return _ENCODER.encode(value)
+    except OverflowError:
+        raise WireError("integers must fit in 64 bits (-2**63 to 2**64 - 1)") from None
+    except (TypeError, ValueError) as exc:  # checked above: not expected, still a WireError
+        raise WireError(f"cannot send this conditioning: {exc}") from None
 
 
 def decode_value(data: bytes | memoryview) -> Any:
     """Decode what :func:`encode_value` made; WireError for anything else."""
-    view = memoryview(data)
-    value, at = _decode(view, 0, 0)
-    if at != len(view):
-        raise WireError(f"{len(view) - at} stray bytes after the value")
+    try:
+        return _COMMON.decode(data)  # schema checked by msgspec: nothing left to check here
+    except (msgspec.DecodeError, RecursionError):
+        pass  # not the common shape, or not msgpack at all: the general decoder says which
+    try:
+        value = _DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise WireError(f"conditioning is not valid msgpack: {exc}") from None
+    except RecursionError:  # msgspec's own limit, far above ours
+        raise WireError(f"value nests deeper than {MAX_DEPTH}") from None
+    return _received(value, 0)
+
+
+def _flat(mapping: dict[Any, Any]) -> bool:
+    """Whether ``mapping`` is str keys to scalars, arrays and lists/tuples of those,
+    sendable as it is (the common case, checked in one loop)."""
+    for key, item in mapping.items():
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind in _FLAT:
+            continue
+        if kind is not list and kind is not tuple:
+            return False
+        for leaf in item:
+            if type(leaf) not in _FLAT:
+                return False
+    return True
+
+
+def _check_outgoing(value: Any, depth: int) -> None:
+    """WireError unless ``value`` is conditioning: its types, its keys, its depth."""
+    if depth > MAX_DEPTH:
+        raise WireError(f"conditioning nests deeper than {MAX_DEPTH}")
+    if type(value) in _SCALARS:
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_outgoing(item, depth + 1)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise WireError(f"conditioning keys must be str, got {type(key).__name__}")
+            _check_outgoing(item, depth + 1)
+    elif isinstance(value, np.ndarray):
+        _check_array(value)
+    elif not isinstance(value, _SENDABLE):
+        raise WireError(f"cannot send a {type(value).__name__} as conditioning")
+
+
+def _received(value: Any, depth: int) -> Any:
+    """A decoded ``value`` as conditioning (lists made tuples), WireError if it is not:
+    msgspec also makes non-str keys, tuples (as keys) and datetimes (extension -1)."""
+    if depth > MAX_DEPTH:
+        raise WireError(f"value nests deeper than {MAX_DEPTH}")
+    kind = type(value)
+    if kind is list:
+        return tuple([_received(item, depth + 1) for item in value])
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise WireError(f"conditioning keys must be str, got {type(key).__name__}")
+            value[key] = _received(item, depth + 1)  # the keys stay: iterating goes on
+        return value
+    if kind not in _FLAT:
+        raise WireError(f"a {kind.__name__} is not conditioning")
     return value
 
 
-def _take(view: memoryview, at: int, n: int) -> int:
-    if n < 0 or at + n > len(view):
-        raise WireError("value runs past the end of the record")
-    return at + n
+def _check_array(array: np.ndarray[Any, Any]) -> None:
+    if array.dtype.kind not in _ARRAY_KINDS or array.ndim > MAX_NDIM:
+        raise WireError(f"arrays of dtype {array.dtype} and {array.ndim} dims cannot be sent")
 
 
-def _decode(view: memoryview, at: int, depth: int) -> tuple[Any, int]:
-    if depth > MAX_DEPTH:
-        raise WireError(f"value nests deeper than {MAX_DEPTH}")
-    end = _take(view, at, 1)
-    try:
-        tag = _Tag(view[at])
-    except ValueError:
-        raise WireError(f"unknown value tag {view[at]}") from None
-    at = end
-    if tag is _Tag.NONE:
-        return None, at
-    if tag in (_Tag.FALSE, _Tag.TRUE):
-        return tag is _Tag.TRUE, at
-    if tag is _Tag.INT:
-        end = _take(view, at, 8)
-        return _I64.unpack_from(view, at)[0], end
-    if tag is _Tag.FLOAT:
-        end = _take(view, at, 8)
-        return _F64.unpack_from(view, at)[0], end
-    if tag in (_Tag.STR, _Tag.BYTES):
-        start = _take(view, at, 4)
-        n = _U32.unpack_from(view, at)[0]
-        end = _take(view, start, n)
-        raw = bytes(view[start:end])
-        if tag is _Tag.BYTES:
-            return raw, end
-        try:
-            return raw.decode(), end
-        except UnicodeDecodeError:
-            raise WireError("string is not valid utf-8") from None
-    if tag in (_Tag.LIST, _Tag.TUPLE, _Tag.DICT):
-        _take(view, at, 4)
-        count = _U32.unpack_from(view, at)[0]
-        at += 4
-        if count > len(view) - at:  # every item takes at least one byte
-            raise WireError(f"container claims {count} items in {len(view) - at} bytes")
-        if tag is _Tag.DICT:
-            result: dict[str, Any] = {}
-            for _ in range(count):
-                key, at = _decode(view, at, depth + 1)
-                if not isinstance(key, str):
-                    raise WireError("dict keys must be strings")
-                result[key], at = _decode(view, at, depth + 1)
-            return result, at
-        items = []
-        for _ in range(count):
-            item, at = _decode(view, at, depth + 1)
-            items.append(item)
-        return (items if tag is _Tag.LIST else tuple(items)), at
-    return _decode_array(view, at)
+def _array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
+    _check_array(array)
+    dtype = array.dtype.str.encode()
+    head = _ARRAY_HEAD.pack(array.ndim, len(dtype)) + dtype
+    shape = struct.pack(f"<{array.ndim}Q", *array.shape)
+    return msgspec.msgpack.Ext(ARRAY_EXT, b"".join((head, shape, array.tobytes())))
 
 
-def _decode_array(view: memoryview, at: int) -> tuple[Any, int]:
-    _take(view, at, 1)
-    dtype_len = view[at]
-    start = at + 1
-    at = _take(view, start, dtype_len)
-    try:
-        dtype = np.dtype(bytes(view[start:at]).decode("ascii"))
-    except (TypeError, ValueError, UnicodeDecodeError):
-        raise WireError("array dtype is not a valid numeric dtype") from None
-    if dtype.kind not in _ARRAY_KINDS:
-        raise WireError(f"array dtype {dtype} is not allowed (numeric only)")
-    _take(view, at, 1)
-    ndim = view[at]
-    at += 1
+def _decode_array(data: memoryview) -> np.ndarray[Any, Any]:
+    """The array an extension holds, copied out of ``data`` (a view of the input)."""
+    if len(data) < _ARRAY_HEAD.size:
+        raise WireError("array header runs past the end of its extension")
+    ndim, dtype_len = _ARRAY_HEAD.unpack_from(data)
     if ndim > MAX_NDIM:
         raise WireError(f"array has {ndim} dimensions (at most {MAX_NDIM})")
-    end = _take(view, at, 8 * ndim)
-    shape = struct.unpack_from(f"<{ndim}Q", view, at)
+    shape_at = _ARRAY_HEAD.size + dtype_len
+    raw_at = shape_at + 8 * ndim
+    if raw_at > len(data):
+        raise WireError("array header runs past the end of its extension")
+    text = bytes(data[_ARRAY_HEAD.size : shape_at])
+    try:
+        dtype = np.dtype(text.decode("ascii")) if _DTYPE.fullmatch(text) else None
+    except TypeError:  # "<i3": the right look, no such type
+        dtype = None
+    if dtype is None or dtype.kind not in _ARRAY_KINDS or dtype.str.encode() != text:
+        raise WireError(f"array dtype {text!r} is not allowed (numeric dtypes only)")
+    shape = struct.unpack_from(f"<{ndim}Q", data, shape_at)
+    raw = data[raw_at:]
     nbytes = dtype.itemsize * math.prod(shape)
-    stop = _take(view, end, nbytes)
+    if nbytes != len(raw):
+        raise WireError(
+            f"array of dtype {dtype} and shape {shape} takes {nbytes} bytes, got {len(raw)}"
+        )
     try:  # (0, 2**63) holds no bytes, yet NumPy can make no such array
-        array = np.frombuffer(view[end:stop], dtype=dtype).reshape(shape).copy()
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     except ValueError as exc:
         raise WireError(f"no array of shape {shape} can be made: {exc}") from None
-    return array, stop

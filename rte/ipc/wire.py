@@ -2,16 +2,29 @@
 
 Fixed binary headers (``struct``), never pickles:
 
-    header   type u8 | code u8 | session length u16 | request seq u32
+    header   type u8 | code u8 | session length u16 | request seq u32 | handle u32
     session  utf-8 bytes (at most MAX_SESSION_BYTES)
     body     per type (below)
 
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
 conditioning (:mod:`rte.ipc.values`), RESET an optional one, DETACH nothing;
-BYE says the client leaves. Daemon to client: NOTICE carries a
+BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
+daemon's default). Daemon to client: NOTICE carries a
 :class:`~rte.contract.NoticeKind` in ``code`` (one to one: the enum's values
-are the codes) and a message; CHUNK where the chunk lies in the slab (slot,
-generation), its index, dtype, shape and timestamps.
+are the codes) and a message; an ATTACHED notice's ``handle`` is the small
+number by which STEP records name that session until it is DETACHED.
+
+STEP is one record per client and step, however many chunks: where they lie
+in the slab, as columns the client reads in place with NumPy (no Python
+object per chunk):
+
+    fixed    n u32 | flags u32 (1: the slots are one run) | emitted_ns i64 |
+             pushed_ns i64 | reserved u32
+    columns  slot u64[n] | generation u64[n] | chunk i64[n] | generated_ns i64[n] |
+             handle u32[n]
+
+The columns start 8-aligned (header and fixed part are 40 bytes), so the C
+reads the slot and generation columns in place.
 
 Decoding checks every length, so hostile bytes are a :class:`WireError` that
 says what is wrong. An answer never fails for its size: :func:`encode_notice`
@@ -22,14 +35,16 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rte.contract import Action, Notice, NoticeKind
 from rte.errors import WireError
-from rte.ipc.values import MAX_NDIM, decode_value, encode_value
+from rte.ipc.values import decode_value, encode_value
 from rte.serve import Act, Attach, Detach, Request, Reset
-from shm import SlotRef
 
 
 class RecordType(enum.IntEnum):
@@ -38,8 +53,8 @@ class RecordType(enum.IntEnum):
     DETACH = 3
     RESET = 4
     BYE = 5
-    CHUNK = 10
     NOTICE = 11
+    STEP = 12
 
 
 @dataclass(frozen=True)
@@ -47,25 +62,32 @@ class Bye:
     """A client leaves: its sessions are detached and its slot freed."""
 
 
-HEADER = struct.Struct("<BBHI")
-CHUNK = struct.Struct("<QIQqqB")  # chunk, slot, generation, generated_ns, emitted_ns, ndim
+HEADER = struct.Struct("<BBHII")
+STEP = struct.Struct("<IIqqI")  # n, flags, emitted_ns, pushed_ns, reserved
+STEP_AT = HEADER.size + STEP.size  # where the columns begin: 8-aligned
+STEP_ROW_BYTES = 8 + 8 + 8 + 8 + 4  # bytes of the columns per chunk
+MAX_CREDITS = 255
 MAX_SESSION_BYTES = 256
 TRUNCATED = " [truncated]"
 _CONDITIONED = (RecordType.ATTACH, RecordType.ACT, RecordType.RESET)
 
 
 @dataclass(frozen=True)
-class ChunkRef:
-    """Where one chunk lies in the slab, as a CHUNK record says."""
+class StepRecord:
+    """A step's chunks for one client, as a STEP record says: columns are NumPy
+    views of the record (read-only), one row per chunk."""
 
-    session: str
-    chunk: int
-    slot: int
-    generation: int
-    dtype: str
-    shape: tuple[int, ...]
-    generated_ns: int
+    contiguous: bool
     emitted_ns: int
+    pushed_ns: int
+    slots: np.ndarray[Any, Any]  # uint64
+    generations: np.ndarray[Any, Any]  # uint64
+    chunks: np.ndarray[Any, Any]  # int64
+    generated_ns: np.ndarray[Any, Any]  # int64
+    handles: np.ndarray[Any, Any]  # uint32
+
+    def __len__(self) -> int:
+        return len(self.slots)
 
 
 def _header(kind: RecordType, session: str, seq: int, code: int = 0) -> bytes:
@@ -74,7 +96,7 @@ def _header(kind: RecordType, session: str, seq: int, code: int = 0) -> bytes:
         raise WireError(
             f"session id of {len(name)} bytes is longer than {MAX_SESSION_BYTES}; use a shorter id"
         )
-    return HEADER.pack(kind, code, len(name), seq & 0xFFFFFFFF) + name
+    return HEADER.pack(kind, code, len(name), seq & 0xFFFFFFFF, 0) + name
 
 
 # -- client to daemon -----------------------------------------------------------
@@ -84,8 +106,11 @@ def encode_request(message: Request | Bye) -> bytes:
     """One request record; WireError for what cannot be sent (checked before sending)."""
     match message:
         case Attach():
+            if not 0 <= message.credits <= MAX_CREDITS:
+                raise WireError(f"credits must be 1 to {MAX_CREDITS} (0: the default)")
             body = encode_value(dict(message.conditioning))
-            return _header(RecordType.ATTACH, message.session, message.seq) + body
+            head = _header(RecordType.ATTACH, message.session, message.seq, message.credits)
+            return head + body
         case Act():
             body = encode_value(dict(message.action.conditioning))
             return _header(RecordType.ACT, message.session, message.seq) + body
@@ -108,13 +133,13 @@ def request_seq(record: bytes) -> int:
 
 def decode_request(record: bytes) -> Request | Bye:
     """Decode one client record; WireError, saying what is wrong, for anything else."""
-    kind, _, session, seq, body = _split(record)
+    kind, code, session, seq, body = _split(record)
     if kind in _CONDITIONED:
         value = decode_value(body) if len(body) else None
         if value is not None and not isinstance(value, dict):
             raise WireError(f"conditioning must be a mapping, got {type(value).__name__}")
         if kind is RecordType.ATTACH:
-            return Attach(session, value or {}, seq)
+            return Attach(session, value or {}, seq, credits=code)
         if kind is RecordType.ACT:
             return Act(session, Action(value or {}), seq)
         return Reset(session, value, seq)
@@ -130,9 +155,9 @@ def decode_request(record: bytes) -> Request | Bye:
 # -- daemon to client -----------------------------------------------------------
 
 
-def encode_notice(notice: Notice, limit: int) -> bytes:
+def encode_notice(notice: Notice, limit: int, handle: int = 0) -> bytes:
     """A NOTICE record of at most ``limit`` bytes: a message (or a session id)
-    that would not fit is cut, and says so."""
+    that would not fit is cut, and says so. ``handle``: an ATTACHED session's."""
     name = notice.session.encode()
     if len(name) > MAX_SESSION_BYTES or HEADER.size + len(name) > limit // 2:
         name = b""  # not a session this daemon serves: its refusal names none
@@ -141,35 +166,58 @@ def encode_notice(notice: Notice, limit: int) -> bytes:
     if len(text) > room:
         cut = text[: max(0, room - len(TRUNCATED))].decode(errors="ignore")
         text = (cut + TRUNCATED).encode()[:room]
-    return HEADER.pack(RecordType.NOTICE, notice.kind, len(name), notice.seq & 0xFFFFFFFF) + (
-        name + text
-    )
+    head = HEADER.pack(RecordType.NOTICE, notice.kind, len(name), notice.seq & 0xFFFFFFFF, handle)
+    return head + name + text
 
 
-class ChunkEncoder:
-    """CHUNK records for one dtype and shape, with the fixed tail packed once."""
+def encode_step(
+    slots: np.ndarray[Any, Any],
+    generations: np.ndarray[Any, Any],
+    chunks: Sequence[int],
+    generated_ns: int | Sequence[int],
+    handles: Sequence[int],
+    *,
+    contiguous: bool,
+    emitted_ns: int,
+    pushed_ns: int,
+) -> bytes:
+    """One STEP record for ``len(slots)`` chunks (the caller pushes it at ``pushed_ns``)."""
+    n = len(slots)
+    columns = np.empty(n * STEP_ROW_BYTES, np.uint8)
+    at = 0
+    for values, dtype in (
+        (slots, _U64),
+        (generations, _U64),
+        (chunks, _I64),
+        (generated_ns, _I64),
+        (handles, _U32),
+    ):
+        size = n * dtype.itemsize
+        columns[at : at + size].view(dtype)[:] = values
+        at += size
+    fixed = STEP.pack(n, int(contiguous), emitted_ns, pushed_ns, 0)
+    return HEADER.pack(RecordType.STEP, 0, 0, 0, 0) + fixed + columns.tobytes()
 
-    def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
-        raw = dtype.encode()
-        self.ndim = len(shape)
-        self.tail = struct.pack(f"<{len(shape)}Q", *shape) + bytes([len(raw)]) + raw
 
-    def __call__(
-        self, session: str, chunk: int, ref: SlotRef, generated: int, emitted: int
-    ) -> bytes:
-        name = session.encode()
-        return b"".join(
-            (
-                HEADER.pack(RecordType.CHUNK, 0, len(name), 0),
-                name,
-                CHUNK.pack(chunk, ref.slot, ref.generation, generated, emitted, self.ndim),
-                self.tail,
-            )
-        )
+def decode_step(body: memoryview | bytes) -> StepRecord:
+    """The columns of a STEP body (after the header) as read-only NumPy views."""
+    if len(body) < STEP.size:
+        raise WireError("STEP body is too short")
+    n, flags, emitted, pushed, _ = STEP.unpack_from(body)
+    if n < 1 or len(body) != STEP.size + n * STEP_ROW_BYTES:
+        raise WireError(f"STEP of {n} chunks does not match its {len(body)} bytes")
+    columns = []
+    at = STEP.size
+    for dtype in (_U64, _U64, _I64, _I64, _U32):
+        columns.append(np.frombuffer(body, dtype, n, at))
+        at += n * dtype.itemsize
+    return StepRecord(bool(flags & 1), emitted, pushed, *columns)
 
 
-def decode_reply(record: bytes) -> Notice | ChunkRef:
+def decode_reply(record: bytes) -> Notice | StepRecord:
     """Decode one daemon record; WireError for anything else."""
+    if record[:1] == _STEP_TYPE and len(record) >= HEADER.size:  # the hot path
+        return decode_step(memoryview(record)[HEADER.size :])
     kind, code, session, seq, body = _split(record)
     if kind is RecordType.NOTICE:
         try:
@@ -180,26 +228,12 @@ def decode_reply(record: bytes) -> Notice | ChunkRef:
             return Notice(session, notice_kind, bytes(body).decode(), seq)
         except UnicodeDecodeError:
             raise WireError("notice message is not valid utf-8") from None
-    if kind is RecordType.CHUNK:
-        return _decode_chunk(session, body)
     raise WireError(f"a daemon does not send {kind.name} records")
 
 
-def _decode_chunk(session: str, body: memoryview) -> ChunkRef:
-    if len(body) < CHUNK.size:
-        raise WireError("CHUNK body is too short")
-    chunk, slot, generation, generated, emitted, ndim = CHUNK.unpack_from(body)
-    if ndim > MAX_NDIM:
-        raise WireError(f"CHUNK has {ndim} dimensions (at most {MAX_NDIM})")
-    at = CHUNK.size + 8 * ndim
-    if at + 1 > len(body):
-        raise WireError("CHUNK shape runs past the end of the record")
-    shape = struct.unpack_from(f"<{ndim}Q", body, CHUNK.size)
-    dtype_len = body[at]
-    if at + 1 + dtype_len != len(body):
-        raise WireError("CHUNK dtype length does not match the record")
-    dtype = bytes(body[at + 1 :]).decode("ascii", "replace")
-    return ChunkRef(session, chunk, slot, generation, dtype, tuple(shape), generated, emitted)
+def reply_handle(record: bytes) -> int:
+    """The ``handle`` field of a daemon record (an ATTACHED notice's session handle)."""
+    return int(HEADER.unpack_from(record)[4]) if len(record) >= HEADER.size else 0
 
 
 # -- either ---------------------------------------------------------------------
@@ -208,7 +242,7 @@ def _decode_chunk(session: str, body: memoryview) -> ChunkRef:
 def _split(record: bytes) -> tuple[RecordType, int, str, int, memoryview]:
     if len(record) < HEADER.size:
         raise WireError(f"record of {len(record)} bytes is shorter than a header")
-    raw_type, code, name_len, seq = HEADER.unpack_from(record)
+    raw_type, code, name_len, seq, _ = HEADER.unpack_from(record)
     try:
         kind = RecordType(raw_type)
     except ValueError:
@@ -232,10 +266,11 @@ def describe(record: bytes) -> str:
         decoded: Any = decode_reply(record) if is_reply else decode_request(record)
     except Exception as exc:  # a tool must show any bytes, however broken
         return f"<undecodable {len(record)} bytes: {exc}>"
-    if isinstance(decoded, ChunkRef):
+    if isinstance(decoded, StepRecord):
+        run = "one run" if decoded.contiguous else "scattered"
         return (
-            f"CHUNK {decoded.session!r} chunk={decoded.chunk} slot={decoded.slot} "
-            f"gen={decoded.generation} {decoded.dtype}{list(decoded.shape)}"
+            f"STEP {len(decoded)} chunks, handles={decoded.handles.tolist()} "
+            f"chunks={decoded.chunks.tolist()} slots={decoded.slots.tolist()} ({run})"
         )
     if isinstance(decoded, Notice):
         return (
@@ -244,4 +279,6 @@ def describe(record: bytes) -> str:
     return repr(decoded)
 
 
-_REPLIES = (RecordType.CHUNK, RecordType.NOTICE)
+_REPLIES = (RecordType.STEP, RecordType.NOTICE)
+_STEP_TYPE = bytes([RecordType.STEP])
+_U64, _I64, _U32 = np.dtype("<u8"), np.dtype("<i8"), np.dtype("<u4")

@@ -537,6 +537,151 @@ int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation) {
     return rc;
 }
 
+/* -- batches: one call for a step's slots ----------------------------------
+ *
+ * A writer that emits several chunks to one reader at once takes their slots
+ * in one call, publishes them in one call, and the reader checks and releases
+ * them in one call each: the boundary costs per step, not per chunk. */
+
+/* Takes slot i for `owner` if it is free: 1 when taken (sets *generation). */
+static int slab_take(slab_t *s, uint64_t i, uint64_t owner, uint64_t now_ns, uint64_t *generation) {
+    slot_t *t = &slab_slots(s)[i];
+    uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
+    if ((word & 3) != SHM_SLOT_FREE) return 0;
+    /* acq_rel CAS as in acquire: pairs with the release/CAS that freed it */
+    if (!__atomic_compare_exchange_n(&t->word, &word, (word & ~3ULL) | SHM_SLOT_WRITING, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return 0;
+    __atomic_store_n(&t->owner, owner, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->since_ns, now_ns, __ATOMIC_RELAXED);
+    *generation = word >> 2;
+    return 1;
+}
+
+/* Gives back slots taken by slab_take that were never handed out (same
+   generation: nobody saw them WRITING for this owner). */
+static void slab_untake(slab_t *s, const uint64_t *slots, const uint64_t *generations, uint64_t n) {
+    for (uint64_t k = 0; k < n; k++)
+        __atomic_store_n(&slab_slots(s)[slots[k]].word, (generations[k] << 2) | SHM_SLOT_FREE,
+                         __ATOMIC_RELEASE);
+}
+
+/* Whether slots i .. i+n-1 all look free (a hint: slab_take decides). */
+static int slab_run_free(slab_t *s, uint64_t i, uint64_t n) {
+    slot_t *slots = slab_slots(s);
+    for (uint64_t k = 0; k < n; k++)
+        if ((__atomic_load_n(&slots[i + k].word, __ATOMIC_RELAXED) & 3) != SHM_SLOT_FREE) return 0;
+    return 1;
+}
+
+/* Takes n slots for `owner`, all or none: a run of n adjacent slots when one is
+   free (searched from the hint, never wrapping past the last slot, so the run's
+   bytes are contiguous), otherwise any n free slots in ascending order. Fills
+   slots[] and generations[]. Returns 1 when they form one run, 0 when not,
+   SHM_SLAB_QUOTA when the owner would hold more than its quota, SHM_SLAB_FULL
+   when fewer than n are free, SHM_SLAB_RANGE for an owner out of range, and
+   SHM_BAD_ARGUMENT for n == 0. */
+int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t now_ns,
+                               uint64_t *slots, uint64_t *generations) {
+    slab_t *s = (slab_t *)meta;
+    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
+    if (n == 0 || n > s->slots) return n == 0 ? SHM_BAD_ARGUMENT : SHM_SLAB_FULL;
+    uint64_t *held = &slab_held(s)[owner];
+    if (__atomic_fetch_add(held, n, __ATOMIC_ACQ_REL) + n > s->quota) {
+        __atomic_fetch_sub(held, n, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&s->quota_refused, 1, __ATOMIC_RELAXED);
+        return SHM_SLAB_QUOTA;
+    }
+    const uint64_t total = s->slots;
+    const uint64_t hint = __atomic_load_n(&s->hint, __ATOMIC_RELAXED) % total;
+    uint64_t got = 0;
+    int64_t run = 0;
+    /* a run: candidate starts from the hint to the last that fits, then from 0 */
+    for (uint64_t pass = 0; pass < 2 && !run; pass++) {
+        uint64_t from = pass ? 0 : hint, to = pass ? (hint < total - n + 1 ? hint : total - n + 1)
+                                                   : total - n + 1;
+        for (uint64_t i = from; i < to && !run; i++) {
+            if (!slab_run_free(s, i, n)) continue;
+            for (got = 0; got < n; got++) {
+                slots[got] = i + got;
+                if (!slab_take(s, i + got, owner, now_ns, &generations[got])) break;
+            }
+            if (got == n) {
+                run = 1;
+                break;
+            }
+            slab_untake(s, slots, generations, got); /* raced: give back, look on */
+            got = 0;
+        }
+    }
+    /* no run: any free slots */
+    for (uint64_t i = 0; !run && i < total && got < n; i++) {
+        if (slab_take(s, i, owner, now_ns, &generations[got])) slots[got++] = i;
+    }
+    if (got < n) {
+        slab_untake(s, slots, generations, got);
+        __atomic_fetch_sub(held, n, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&s->full_events, 1, __ATOMIC_RELAXED);
+        return SHM_SLAB_FULL;
+    }
+    __atomic_store_n(&s->hint, slots[n - 1] + 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->acquired, n, __ATOMIC_RELAXED);
+    uint64_t sum = __atomic_add_fetch(&s->held, n, __ATOMIC_RELAXED);
+    if (sum > __atomic_load_n(&s->high_water, __ATOMIC_RELAXED))
+        __atomic_store_n(&s->high_water, sum, __ATOMIC_RELAXED);
+    return run;
+}
+
+/* Publishes each slot (WRITING -> READY). Returns SHM_OK, or the first
+   refusal's code; every other slot is still published. */
+int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                               uint64_t n) {
+    int64_t first = SHM_OK;
+    for (uint64_t k = 0; k < n; k++) {
+        int rc = shm_slab_publish(meta, slots[k], generations[k]);
+        if (rc && first == SHM_OK) first = rc;
+    }
+    return first;
+}
+
+/* How many of the slots, from the first, are published at their generation
+   (n when all are; acquire: their bytes are visible). */
+int64_t shm_slab_ready_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                             uint64_t n) {
+    for (uint64_t k = 0; k < n; k++)
+        if (!shm_slab_is_ready(meta, slots[k], generations[k])) return (int64_t)k;
+    return (int64_t)n;
+}
+
+/* Releases each slot (READY -> FREE) for `owner`; sets *released to how many
+   were. Returns SHM_OK, or the first refusal's code (stale, foreign, range);
+   every other slot is still released. */
+int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                               uint64_t n, uint64_t owner, uint64_t *released) {
+    int64_t first = SHM_OK;
+    uint64_t done = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        int rc = shm_slab_release(meta, slots[k], generations[k], owner);
+        if (rc == SHM_OK)
+            done++;
+        else if (first == SHM_OK)
+            first = rc;
+    }
+    *released = done;
+    return first;
+}
+
+/* Aborts each slot (WRITING -> FREE). Returns SHM_OK or the first refusal's code. */
+int64_t shm_slab_abort_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                             uint64_t n) {
+    int64_t first = SHM_OK;
+    for (uint64_t k = 0; k < n; k++) {
+        int rc = shm_slab_abort(meta, slots[k], generations[k]);
+        if (rc && first == SHM_OK) first = rc;
+    }
+    return first;
+}
+
 /* Frees every slot `owner` holds (a dead client's). Returns how many, or
    SHM_SLAB_RANGE. */
 int64_t shm_slab_reclaim(void *meta, uint64_t owner) {

@@ -84,6 +84,16 @@ int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot
 int64_t shm_slab_check(void *meta, uint64_t region_size);
 int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *generation);
 int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation);
+int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t now_ns,
+                               uint64_t *slots, uint64_t *generations);
+int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                               uint64_t n);
+int64_t shm_slab_ready_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                             uint64_t n);
+int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                               uint64_t n, uint64_t owner, uint64_t *released);
+int64_t shm_slab_abort_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                             uint64_t n);
 int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation);
 int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner);
 int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation);

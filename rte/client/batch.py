@@ -1,0 +1,165 @@
+"""ChunkBatch: one step's chunks for one client, handed out and given back whole.
+
+What ``client.poll_batch()`` returns. A step of many sessions arrives as one
+batch: ``latents`` is one ``(n, *latent_shape)`` array when the chunks lie in
+adjacent slab slots (the usual case; over shared memory it is a read-only view
+of the slab, strided by the slot size), else a list of ``n`` arrays; the
+per-row session ids, chunk indices and generation times are a list and NumPy
+arrays; the step's emit, push and take times are one number each. No Python
+object is made per chunk. ``release()`` gives every row back in one call (one
+C call over shared memory); ``chunk(i)`` and ``release_row(i)`` serve the
+per-chunk API (:meth:`EngineClient.poll`), which is built on batches.
+
+    batch = client.poll_batch(timeout=1.0)
+    if batch is not None:
+        with batch:                          # releases every row on exit
+            frames = batch.latents           # (n, *shape), no copy
+            for session, latent in zip(batch.sessions, frames): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rte.contract import Timing
+
+# what a transport gives a batch: called with the batch and the rows (indices
+# into the transport's lease, i.e. offset by the batch's start) being released
+Release = Callable[["ChunkBatch", np.ndarray[Any, Any]], None]
+
+
+class ChunkBatch:
+    """The chunks one step emitted for this client's sessions.
+
+    Attributes:
+        sessions: the session of each row.
+        chunks: each row's chunk index (int64 array).
+        latents: ``(n, *shape)`` read-only array when :attr:`contiguous`,
+            else a list of ``n`` read-only arrays. Valid until released.
+        contiguous: whether :attr:`latents` is one array.
+        generated_ns: when each row's chunk began generating (int64 array).
+        emitted_ns: when the step returned the chunks (``time.monotonic_ns``).
+        pushed_ns: when the transport handed them over (== emitted in process).
+        taken_ns: when this client took them.
+        lease: the transport's hold on the batch's memory.
+    """
+
+    __slots__ = (
+        "_held",
+        "_release",
+        "_start",
+        "chunks",
+        "contiguous",
+        "emitted_ns",
+        "generated_ns",
+        "latents",
+        "lease",
+        "pushed_ns",
+        "sessions",
+        "taken_ns",
+    )
+
+    def __init__(
+        self,
+        sessions: list[str],
+        chunks: np.ndarray[Any, Any],
+        latents: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]],
+        generated_ns: np.ndarray[Any, Any],
+        *,
+        emitted_ns: int,
+        pushed_ns: int,
+        taken_ns: int,
+        release: Release,
+        lease: Any = None,
+        start: int = 0,
+    ) -> None:
+        self.sessions = sessions
+        self.chunks = chunks
+        self.latents = latents
+        self.contiguous = isinstance(latents, np.ndarray)
+        self.generated_ns = generated_ns
+        self.emitted_ns = emitted_ns
+        self.pushed_ns = pushed_ns
+        self.taken_ns = taken_ns
+        self.lease = lease
+        self._release: Release | None = release
+        self._held: np.ndarray[Any, Any] | None = None  # per-row, once a row is released alone
+        self._start = start
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def timing(self, i: int) -> Timing:
+        """Row ``i``'s timestamps."""
+        return Timing(int(self.generated_ns[i]), self.emitted_ns, self.pushed_ns, self.taken_ns)
+
+    # -- giving back ---------------------------------------------------------
+
+    def release(self) -> None:
+        """Give back every row not yet released, in one call (idempotent)."""
+        release, self._release = self._release, None
+        if release is None:
+            return
+        if self._held is None:
+            rows = np.arange(self._start, self._start + len(self), dtype=np.intp)
+        else:
+            rows = np.flatnonzero(self._held) + self._start
+        self._held = np.zeros(len(self), bool)
+        if len(rows):
+            release(self, rows)
+
+    def release_row(self, i: int) -> None:
+        """Give back row ``i`` alone (idempotent): the per-chunk API's release."""
+        if self._release is None:
+            return
+        if self._held is None:
+            self._held = np.ones(len(self), bool)
+        if self._held[i]:
+            self._held[i] = False
+            self._release(self, np.array([i + self._start], dtype=np.intp))
+            if not self._held.any():
+                self._release = None
+
+    @property
+    def released(self) -> bool:
+        return self._release is None
+
+    def is_held(self, i: int) -> bool:
+        return self._release is not None and (self._held is None or bool(self._held[i]))
+
+    def tail(self, start: int) -> ChunkBatch:
+        """Rows ``start`` onwards as a batch of their own (same lease): what
+        poll_batch hands out after poll took the first rows."""
+        rest = ChunkBatch(
+            self.sessions[start:],
+            self.chunks[start:],
+            self.latents[start:],
+            self.generated_ns[start:],
+            emitted_ns=self.emitted_ns,
+            pushed_ns=self.pushed_ns,
+            taken_ns=self.taken_ns,
+            release=self._release or _nothing,
+            lease=self.lease,
+            start=self._start + start,
+        )
+        if self._release is None:
+            rest._release = None
+        return rest
+
+    def __enter__(self) -> ChunkBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        run = "one array" if self.contiguous else "rows"
+        return f"<ChunkBatch {len(self)} chunks ({run}) {state}>"
+
+
+def _nothing(batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+    return None

@@ -1,0 +1,279 @@
+"""Batches of slab slots: a step's chunks for one reader, leased and handed back in one call.
+
+A writer that emits several chunks to one reader at once (a step of many
+sessions) takes their slots with :func:`loan_batch`: one C call, all or none,
+one run of adjacent slots whenever one is free, so the batch is one
+``(n, *shape)`` array (strided by the slot size) and, on CUDA, one
+device-to-host copy. :meth:`BatchLoan.publish` makes them readable in one call.
+The reader rebuilds the batch from the slot numbers and generations the writer
+sent (:func:`receive_batch`: one call checks every slot is published at that
+generation) and gives it back with :meth:`BatchSample.release`, one call, or
+row by row with :meth:`BatchSample.release_row`.
+
+Slot numbers and generations travel as two ``uint64`` arrays: the C reads them
+in place (``ffi.from_buffer``), so a batch costs no Python object per slot on
+either side. The per-slot forms are :class:`shm.slab.Loan` and
+:class:`shm.slab.Sample`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shm.errors import StaleSlot, check_rc
+from shm.native import ffi, lib
+
+if TYPE_CHECKING:
+    from shm.slab import Slab
+
+U64 = np.dtype(np.uint64)
+
+
+def _u64(array: np.ndarray[Any, Any]) -> Any:
+    """A ``uint64_t *`` over a uint64 array's own memory (read in place by the C)."""
+    return ffi.from_buffer("uint64_t[]", array)
+
+
+def block_view(
+    slab: Slab, first: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
+) -> np.ndarray[Any, Any]:
+    """Slots ``first .. first+n-1`` as one ``(n, *shape)`` array, strided by the slot size."""
+    mapping = slab.segment.mapping(readonly=readonly)
+    offset = slab.data_offset + first * slab.slot_size
+    inner = np.empty(0, dtype).reshape((0, *shape)).strides[1:] if shape else ()
+    view: np.ndarray[Any, Any] = np.ndarray(
+        (n, *shape), dtype, buffer=mapping, offset=offset, strides=(slab.slot_size, *inner)
+    )
+    if readonly:
+        view.flags.writeable = False
+    return view
+
+
+def _rows(
+    slab: Slab,
+    slots: np.ndarray[Any, Any],
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    readonly: bool,
+) -> tuple[bool, np.ndarray[Any, Any] | None, list[np.ndarray[Any, Any]]]:
+    """(contiguous, the block or None, one array per row) for ``slots``."""
+    n = len(slots)
+    first = int(slots[0])
+    if int(slots[-1]) - first == n - 1:  # ascending and distinct: one run
+        block = block_view(slab, first, n, dtype, shape, readonly)
+        return True, block, list(block)
+    count = math.prod(shape)
+    views = [
+        slab.segment.view(
+            slab.data_offset + int(s) * slab.slot_size, dtype, count, shape, readonly=readonly
+        )
+        for s in slots.tolist()
+    ]
+    return False, None, views
+
+
+class BatchLoan:
+    """Slots the writer holds for one owner: write :attr:`rows`, then publish.
+
+    Attributes:
+        owner: the owner the slots are charged to.
+        slots, generations: the slots and their generations (``uint64`` arrays).
+        contiguous: whether the slots are one run (then :attr:`block` is set).
+        block: the run as one writable ``(n, *shape)`` array, or None.
+        rows: one writable array per slot, in order (views of the block when
+            contiguous): the slab's own memory, no copy.
+    """
+
+    __slots__ = (
+        "_finished",
+        "_slab",
+        "block",
+        "contiguous",
+        "generations",
+        "owner",
+        "rows",
+        "slots",
+    )
+
+    def __init__(
+        self,
+        slab: Slab,
+        owner: int,
+        slots: np.ndarray[Any, Any],
+        generations: np.ndarray[Any, Any],
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+    ) -> None:
+        self._slab = slab
+        self._finished = False
+        self.owner = owner
+        self.slots = slots
+        self.generations = generations
+        try:
+            self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
+        except BaseException:
+            lib.shm_slab_abort_batch(slab._meta, _u64(slots), _u64(generations), len(slots))
+            raise
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def publish(self) -> None:
+        """Make every slot readable (WRITING -> READY), in one call.
+
+        Raises:
+            StaleSlot: some slot was reclaimed meanwhile (its owner was taken
+                for dead); every other slot is published all the same.
+        """
+        self._finished = True
+        rc = lib.shm_slab_publish_batch(
+            self._slab._meta, _u64(self.slots), _u64(self.generations), len(self.slots)
+        )
+        if rc:
+            check_rc(rc, f"publish of {len(self)} slots for owner {self.owner}")
+
+    def abort(self) -> None:
+        """Give every slot back unpublished; slots reclaimed meanwhile are skipped."""
+        if self._finished:
+            return
+        self._finished = True
+        lib.shm_slab_abort_batch(
+            self._slab._meta, _u64(self.slots), _u64(self.generations), len(self.slots)
+        )
+
+
+def loan_batch(
+    slab: Slab, owner: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...]
+) -> BatchLoan:
+    """Take ``n`` slots for ``owner`` in one call, as one run when one is free.
+
+    Raises:
+        QuotaExceeded: ``owner`` would hold more than its quota (nothing taken).
+        SlabFull: fewer than ``n`` slots are free (nothing taken).
+        ValueError: ``dtype`` x ``shape`` exceeds a slot, or ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"a batch needs at least one slot, got {n}")
+    if dtype.itemsize * math.prod(shape) > slab.slot_size:
+        raise ValueError(f"{dtype} {shape} exceeds a slot of {slab.segment.name}")
+    slots = np.empty(n, U64)
+    generations = np.empty(n, U64)
+    rc = lib.shm_slab_acquire_batch(
+        slab._meta, owner, n, time.monotonic_ns(), _u64(slots), _u64(generations)
+    )
+    if rc < 0:
+        check_rc(rc, f"{slab._loan_where(owner)}; asked for {n} at once")
+    return BatchLoan(slab, owner, slots, generations, dtype, shape)
+
+
+class BatchSample:
+    """Published slots the reader holds: read :attr:`rows`, then release them.
+
+    Attributes:
+        owner, slots, generations, contiguous, block, rows: as in
+            :class:`BatchLoan`, read-only.
+    """
+
+    __slots__ = ("_held", "_slab", "block", "contiguous", "generations", "owner", "rows", "slots")
+
+    def __init__(
+        self,
+        slab: Slab,
+        owner: int,
+        slots: np.ndarray[Any, Any],
+        generations: np.ndarray[Any, Any],
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+    ) -> None:
+        self._slab = slab
+        self.owner = owner
+        self.slots = slots
+        self.generations = generations
+        self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, True)
+        self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def released(self) -> bool:
+        return self._held is not None and not self._held.any()
+
+    def release(self) -> int:
+        """Hand back every slot still held, in one call; returns how many were.
+
+        Later calls do nothing. A slot reclaimed while it was held (its owner
+        was taken for dead) is skipped: :class:`StaleSlot` is raised after
+        the others are released, saying how many.
+        """
+        if self._held is None:
+            slots, generations = self.slots, self.generations
+        else:
+            slots, generations = self.slots[self._held], self.generations[self._held]
+        self._held = np.zeros(len(self.slots), bool)
+        return self._release(slots, generations)
+
+    def release_rows(self, rows: np.ndarray[Any, Any]) -> int:
+        """Hand back the slots of ``rows`` still held, in one call (idempotent per row)."""
+        if self._held is None:
+            self._held = np.ones(len(self.slots), bool)
+        rows = rows[self._held[rows]]
+        self._held[rows] = False
+        return self._release(self.slots[rows], self.generations[rows])
+
+    def _release(self, slots: np.ndarray[Any, Any], generations: np.ndarray[Any, Any]) -> int:
+        n = len(slots)
+        if not n:
+            return 0
+        done = ffi.new("uint64_t *")
+        rc = lib.shm_slab_release_batch(
+            self._slab._meta, _u64(slots), _u64(generations), n, self.owner, done
+        )
+        if rc:
+            check_rc(rc, f"release of {n - done[0]} of {n} slots by owner {self.owner}")
+        return int(done[0])
+
+
+def release_slots(
+    slab: Slab, owner: int, slots: np.ndarray[Any, Any], generations: np.ndarray[Any, Any]
+) -> int:
+    """Release published slots of ``owner`` in one call, without viewing them (a
+    writer giving back what no reader will take); returns how many were."""
+    done = ffi.new("uint64_t *")
+    rc = lib.shm_slab_release_batch(
+        slab._meta, _u64(slots), _u64(generations), len(slots), owner, done
+    )
+    if rc:
+        check_rc(rc, f"release of {len(slots) - done[0]} of {len(slots)} slots of owner {owner}")
+    return int(done[0])
+
+
+def receive_batch(
+    slab: Slab,
+    owner: int,
+    slots: np.ndarray[Any, Any],
+    generations: np.ndarray[Any, Any],
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+) -> BatchSample:
+    """The published slots as read-only arrays (one call checks them all).
+
+    Raises:
+        StaleSlot: some slot is not published at its generation, or does not
+            exist; nothing is held.
+    """
+    n = len(slots)
+    ready = int(lib.shm_slab_ready_batch(slab._meta, _u64(slots), _u64(generations), n))
+    if ready != n:
+        slot = int(slots[ready])
+        if not 0 <= slot < slab.slots:
+            raise StaleSlot(f"slot {slot} does not exist in {slab.segment.name}")
+        raise StaleSlot(
+            f"slot {slot} generation {int(generations[ready])} of a batch of {n} is not "
+            f"published in {slab.segment.name} (it is {slab.slot(slot).state.name.lower()})"
+        )
+    return BatchSample(slab, owner, slots, generations, dtype, shape)
