@@ -227,7 +227,8 @@ class ServeLoop:
         due = self.sessions if due is None else due
         if not due:
             return []
-        actions = {s: Action(self.actions.pop(s)) for s in due if s in self.actions}
+        pending = self.actions
+        actions = {s: Action(pending.pop(s)) for s in due if s in pending} if pending else None
         try:
             results = self.engine.step(due, actions)
         except Exception as exc:
@@ -306,12 +307,15 @@ class ServeLoop:
             check(session, Action(conditioning))
 
     def _emitted(self, results: list[StepResult]) -> list[OutboxItem]:
-        out: list[OutboxItem] = []
-        for result in results:
-            if result.kind is ResultKind.CHUNK:
-                out.append(result)
-            elif result.kind is ResultKind.ERROR:
-                out.append(Notice(result.session, NoticeKind.ERROR, result.error or ""))
+        chunk = ResultKind.CHUNK
+        out: list[OutboxItem] = [r for r in results if r.kind is chunk]
+        if len(out) < len(results):  # some carry no chunk: their errors become notices
+            error = ResultKind.ERROR
+            out += [
+                Notice(r.session, NoticeKind.ERROR, r.error or "")
+                for r in results
+                if r.kind is error
+            ]
         return out
 
     def _require(self, session: str) -> None:

@@ -18,6 +18,7 @@ either side. The per-slot forms are :class:`shm.slab.Loan` and
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ def block_view(
     """Slots ``first .. first+n-1`` as one ``(n, *shape)`` array, strided by the slot size."""
     mapping = slab.segment.mapping(readonly=readonly)
     offset = slab.data_offset + first * slab.slot_size
-    inner = np.empty(0, dtype).reshape((0, *shape)).strides[1:] if shape else ()
+    inner = _strides(dtype.itemsize, shape)
     view: np.ndarray[Any, Any] = np.ndarray(
         (n, *shape), dtype, buffer=mapping, offset=offset, strides=(slab.slot_size, *inner)
     )
@@ -53,19 +54,31 @@ def block_view(
     return view
 
 
+@functools.cache
+def _strides(itemsize: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The C-order strides of one row of ``shape``."""
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def _rows(
     slab: Slab,
     slots: np.ndarray[Any, Any],
     dtype: np.dtype[Any],
     shape: tuple[int, ...],
     readonly: bool,
+    split: bool = True,
 ) -> tuple[bool, np.ndarray[Any, Any] | None, list[np.ndarray[Any, Any]]]:
-    """(contiguous, the block or None, one array per row) for ``slots``."""
+    """(contiguous, the block or None, one array per row) for ``slots``; with
+    ``split`` False, a block's rows are left to be made on demand ([])."""
     n = len(slots)
     first = int(slots[0])
     if int(slots[-1]) - first == n - 1:  # ascending and distinct: one run
         block = block_view(slab, first, n, dtype, shape, readonly)
-        return True, block, list(block)
+        return True, block, list(block) if split else []
     count = math.prod(shape)
     views = [
         slab.segment.view(
@@ -178,7 +191,7 @@ class BatchSample:
             :class:`BatchLoan`, read-only.
     """
 
-    __slots__ = ("_held", "_slab", "block", "contiguous", "generations", "owner", "rows", "slots")
+    __slots__ = ("_held", "_rows", "_slab", "block", "contiguous", "generations", "owner", "slots")
 
     def __init__(
         self,
@@ -193,8 +206,15 @@ class BatchSample:
         self.owner = owner
         self.slots = slots
         self.generations = generations
-        self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, True)
+        self.contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
         self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
+
+    @property
+    def rows(self) -> list[np.ndarray[Any, Any]]:
+        """One read-only array per slot (made on first use when the slots are one run)."""
+        if not self._rows and self.block is not None:
+            self._rows = list(self.block)
+        return self._rows
 
     def __len__(self) -> int:
         return len(self.slots)

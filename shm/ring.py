@@ -124,6 +124,12 @@ class Ring:
             raise ValueError(f"wait policy {self.policy.value!r} needs a doorbell")
         self.doorbell = doorbell
         self._spin_ns = int(spin_us * 1000)
+        # what pop spins before anything slower: per policy, bounded by its timeout
+        self._pop_spin_ns = {
+            WaitPolicy.BLOCK: 0,
+            WaitPolicy.SPIN: SPIN_SLICE_NS,
+            WaitPolicy.SPIN_THEN_BLOCK: self._spin_ns,
+        }[self.policy]
         self._out: Any = None  # the consumer's copy-out buffer, made on first pop
         self._lens: Any = None
 
@@ -222,7 +228,10 @@ class Ring:
         out = self._out if self._out is not None else self._buffers()
         # The spin phase polls in C (GIL released) and takes the record the
         # moment it lands; only an empty ring after it pays the slower wait.
-        n = lib.shm_ring_pop_spin(self._ptr, out, self.capacity, self._first_spin_ns(timeout))
+        spin = self._pop_spin_ns
+        if timeout * 1e9 < spin:
+            spin = int(timeout * 1e9)
+        n = lib.shm_ring_pop_spin(self._ptr, out, self.capacity, spin)
         if n >= 0:
             return ffi.unpack(out, n)  # type: ignore[no-any-return]
         if n == _EMPTY and not self.wait_readable(timeout, check):
@@ -230,13 +239,6 @@ class Ring:
                 f"{self._where()} stayed empty for {timeout}s: its producer sent nothing"
             )
         return self.pop_nowait()
-
-    def _first_spin_ns(self, timeout: float) -> int:
-        if self.policy is WaitPolicy.BLOCK:
-            return 0
-        if self.policy is WaitPolicy.SPIN:
-            return min(int(timeout * 1e9), SPIN_SLICE_NS)
-        return min(int(timeout * 1e9), self._spin_ns)
 
     def pop_batch_nowait(self, max_records: int | None = None) -> list[bytes]:
         """Take every record available now (at most ``max_records``); [] when empty."""

@@ -1,18 +1,89 @@
-"""The benchmarks run and report what they claim to (behaviour only, never timing)."""
+"""The benchmarks run and report what they claim to (behaviour only, never timing).
+
+Every suite runs tiny here (2 windows, a few rounds); the whole file takes
+seconds. A daemon the e2e suite starts is stopped and its shared memory
+removed by the suite itself, even when it fails; the module fixture checks
+that nothing of its (unique) name is left.
+"""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from tools import bench_e2e, bench_engine, bench_transport
+from rte.cli import bench as cli_bench
+from shm.names import shm_name, unlink_objects
+from tools import bench, bench_e2e, bench_engine, bench_transport, readme_tables, report
+
+ENGINE = ["step_p50_us", "step_p99_us", "per_session_us", "floor_p50_us", "overhead_x_floor"]
+E2E = ["inproc_p50_us", "inproc_p99_us", "daemon_p50_us", "daemon_p99_us"]
+E2E += ["added_p50_us", "added_p99_us", "inproc_chunks_per_s", "daemon_chunks_per_s"]
+PACED = ["held_p50_us", "held_p99_us", "client_cpu_pct"]
 
 
-def test_engine_benchmark_reports_every_size() -> None:
-    result = bench_engine.run([1, 4], steps=20)
+def _finite(row: dict[str, Any], keys: list[str]) -> None:
+    for key in keys:
+        assert isinstance(row[key], float) and math.isfinite(row[key]), (key, row.get(key))
+
+
+@pytest.fixture(scope="module")
+def e2e_result() -> Iterator[dict[str, Any]]:
+    """One tiny e2e run (both modes, 2 sessions), shared by the tests that read it."""
+    prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
+    try:
+        yield bench_e2e.run(
+            [2],
+            rounds=5,
+            n_windows=2,
+            paced_rounds=3,
+            rate_seconds=0.1,
+            paced_seconds=0.15,
+            prefix=prefix,
+        )
+    finally:
+        left = unlink_objects(shm_name(prefix))
+    assert not left, f"the e2e benchmark left shared memory behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def transport_result() -> dict[str, Any]:
+    return bench_transport.run(True, 2, tiny=True)
+
+
+def test_windows_repeat_a_measurement_and_summaries_take_the_median() -> None:
+    calls: list[int] = []
+
+    def measure() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert report.windows(measure, 3) == [1, 2, 3]
+    with pytest.raises(ValueError):
+        report.windows(measure, 0)
+    summary = report.summarize([{"a": 1.0, "b": 0.0}, {"a": 3.0, "b": 0.0}, {"a": 2.0, "b": 0.0}])
+    assert summary == {"a": 2.0, "b": 0.0, "a_spread": 50.0, "b_spread": None}
+    assert report.summarize([{"a": 1.0}], spread_of=[]) == {"a": 1.0}
+    assert report.fmt_spread(4.25) == "±4.2%" and report.fmt_spread(None) == ""
+
+
+def test_engine_benchmark_reports_every_size_and_figure() -> None:
+    result = bench_engine.run([1, 4], steps=20, n_windows=2)
+    assert result["windows"] == 2
     assert [row["sessions"] for row in result["rows"]] == [1, 4]
     for row in result["rows"]:
+        _finite(row, [*ENGINE, "step_x_1_session"])
         assert row["step_p50_us"] > 0 and row["per_session_us"] > 0
         assert row["overhead_x_floor"] > 0
+        assert all(f"{key}_spread" in row for key in ENGINE)
 
 
 @pytest.mark.parametrize("kind", ["floor", "ring-spin-then-block", "slab", "pipe"])
@@ -22,9 +93,93 @@ def test_transport_benchmark_peers_exchange(kind: str) -> None:
     assert len(samples) == 30 and min(samples) > 0
 
 
-def test_end_to_end_benchmark_measures_both_paths() -> None:
-    result = bench_e2e.run([2], rounds=5, rate_seconds=0.2)
-    (row,) = result["rows"]
-    assert row["sessions"] == 2
-    assert row["inproc_p50_us"] > 0 and row["daemon_p50_us"] > 0
-    assert row["daemon_chunks_per_s"] > 0
+def test_transport_benchmark_reports_every_peer(transport_result: dict[str, Any]) -> None:
+    small = transport_result["round_trip_64B"]
+    kinds = [k for k in bench_transport.SMALL_PEERS if bench_transport._available(k)]
+    assert [row["kind"] for row in small] == kinds
+    for row in small:
+        _finite(row, ["p50_us", "p99_us", "x_floor", "x_ring"])
+        assert "p50_us_spread" in row and "p99_us_spread" in row
+        if row["kind"] != "floor":
+            assert row["records_per_s"] > 0 and "records_per_s_spread" in row
+    latent = transport_result["latent_handoff"]
+    kinds = [k for k in bench_transport.LATENT_PEERS if bench_transport._available(k)]
+    assert [(row["size"], row["kind"]) for row in latent] == [("64 KiB", k) for k in kinds]
+    for row in latent:
+        _finite(row, ["p50_us", "p99_us", "x_slab"])
+
+
+def test_end_to_end_benchmark_reports_both_modes(e2e_result: dict[str, Any]) -> None:
+    rows = e2e_result["rows"]
+    assert [(row["sessions"], row["mode"]) for row in rows] == [(2, "flat"), (2, "paced")]
+    for row in rows:
+        _finite(row, E2E)
+        assert row["inproc_p50_us"] > 0 and row["daemon_p50_us"] > 0
+        assert row["inproc_chunks_per_s"] > 0 and row["daemon_chunks_per_s"] > 0
+        assert all(f"{key}_spread" in row for key in E2E)
+    flat, paced = rows
+    assert not any(key in flat for key in PACED)
+    _finite(paced, [*PACED, "inproc_held_p50_us", "inproc_held_p99_us", "inproc_cpu_pct"])
+    assert paced["held_p50_us"] >= 0 and paced["client_cpu_pct"] >= 0
+    assert all(f"{key}_spread" in paced for key in ["held_p50_us", "client_cpu_pct"])
+
+
+def test_bench_prints_progress_then_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    bench.main(["--suite", "engine", "--quick", "--windows", "2", "--json"])
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["windows"] == 2 and set(result) >= {"engine", "machine", "date"}
+    assert "e2e" not in result and "transport" not in result
+    assert "engine: 1/3 sessions=1" in err and "engine: 3/3 sessions=64" in err
+
+
+def test_readme_tables_come_from_one_run(
+    e2e_result: dict[str, Any],
+    transport_result: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = bench_engine.run([1, 4], steps=20, n_windows=2)
+    run = {"machine": "m", "date": "d", "windows": 2, "engine": engine, "e2e": e2e_result}
+    run["transport"] = transport_result
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(run))
+    readme_tables.main([str(path)])
+    out = capsys.readouterr().out
+    names = ["engine", "e2e flat", "e2e paced", "transport round trip", "transport latent handoff"]
+    for name in names:
+        assert f"<!-- {name} -->" in out
+    tables = out.split("<!-- ")[2:]
+    assert [t.count("\n| 2 |") for t in tables[1:3]] == [1, 1]  # a row per e2e size and mode
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(run)))
+    readme_tables.main([])
+    assert capsys.readouterr().out == out
+
+
+def test_plot_writes_a_file_or_says_what_it_needs(
+    e2e_result: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "e2e.png"
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        with pytest.raises(SystemExit, match="needs matplotlib"):
+            report.plot_latency(e2e_result, str(path))
+        return
+    report.plot_latency(e2e_result, str(path))
+    assert path.stat().st_size > 0
+
+
+def test_rte_bench_passes_its_options_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands: list[list[str]] = []
+
+    def call(command: list[str], cwd: Path) -> int:
+        commands.append(command)
+        return 0
+
+    monkeypatch.setattr(cli_bench.subprocess, "call", call)
+    args = argparse.Namespace(suite="e2e", json=True, quick=False, plot=None, windows=7)
+    assert cli_bench.run(args) == 0
+    (command,) = commands
+    assert command[1:] == ["-m", "tools.bench", "--suite", "e2e", "--json", "--windows", "7"]

@@ -133,6 +133,8 @@ def test_a_step_is_one_batch_one_array_released_in_one_call(engine: Engines) -> 
     client = engine.client()
     for name in ("a", "b", "c"):
         client.attach(name)
+    for _ in range(3):  # past the joins: rows made at one step, decoded at the next
+        _batch(client, 3).release()
     batch = _batch(client, 3)
     shape = client.manifest.latent_shape
     assert sorted(batch.sessions) == ["a", "b", "c"]
@@ -188,6 +190,37 @@ def test_a_session_runs_at_most_its_credits_ahead(engine: Engines) -> None:
         batch.release()
     more = take(client, "one", 2)  # releasing gives the credits back
     assert [c.chunk for c in more] == [held["one"][0] + 1, held["one"][0] + 2]
+
+
+def test_a_step_is_one_batch_even_when_its_rows_were_made_apart(engine: Engines) -> None:
+    # Regression: a session that sat steps out (no credit) is decoded with rows made
+    # at another step; that step still reaches its client as one batch (was: two).
+    client = engine.client("null")
+    client.attach("slow", credits=1)
+    client.attach("fast", credits=1)
+    held: ChunkBatch | None = None  # the batch holding "slow"'s chunk
+    waited = 0  # batches of "fast" alone while "slow" waits
+    steps: list[int] = []
+    mixed = 0
+    limit = Deadline(what="steps of both sessions after a wait")
+    while mixed < 3:
+        limit.check(len(steps))
+        batch = client.poll_batch(timeout=10)
+        if batch is None:
+            continue
+        assert batch.emitted_ns not in steps, "a step arrived as more than one batch"
+        steps.append(batch.emitted_ns)
+        mixed += len(batch) == 2 and waited == 0 and len(steps) > 4
+        for i, session in enumerate(batch.sessions):
+            if session == "fast":
+                batch.release_row(i)
+            elif held is None:
+                held, waited = batch, 0
+            else:
+                batch.release_row(i)
+        if held is not None and (waited := waited + 1) > 3:  # let "slow" go on
+            held.release()
+            held, waited = None, 0
 
 
 def test_tags_reach_their_rows(engine: Engines) -> None:

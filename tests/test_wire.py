@@ -26,6 +26,7 @@ from rte.ipc.wire import (
     encode_step,
     reply_handle,
     request_seq,
+    stamp_pushed,
 )
 
 
@@ -64,24 +65,23 @@ def test_replies_round_trip_and_notice_kinds_are_one_to_one() -> None:
     attached = encode_notice(Notice("s", NoticeKind.ATTACHED, "", 4), 4096, handle=9)
     assert reply_handle(attached) == 9
     slots, generations = np.array([3, 4], np.uint64), np.array([9, 1], np.uint64)
-    record = encode_step(
-        slots, generations, [5, 6], 10, [2, 0], contiguous=True, emitted_ns=20, pushed_ns=30
-    )
-    step = decode_reply(record)
+    record = encode_step(slots, generations, [5, 6], 10, [2, 0], contiguous=True, emitted_ns=20)
+    stamp_pushed(record, 30)
+    step = decode_reply(bytes(record))
     assert isinstance(step, StepRecord) and len(step) == 2 and step.contiguous
     assert (step.emitted_ns, step.pushed_ns) == (20, 30)
     assert step.slots.tolist() == [3, 4] and step.generations.tolist() == [9, 1]
     assert step.chunks.tolist() == [5, 6] and step.generated_ns.tolist() == [10, 10]
     assert step.handles.tolist() == [2, 0]
     assert step.slots.ctypes.data % 8 == 0  # the C reads the columns in place
-    assert "STEP 2 chunks, handles=[2, 0]" in describe(record)
+    assert "STEP 2 chunks, handles=[2, 0]" in describe(bytes(record))
     assert "undecodable" in describe(b"\xff")
 
 
 @pytest.mark.parametrize("cut", [1, 8, 40, 41])
 def test_a_step_record_that_lies_about_its_size_is_refused(cut: int) -> None:
     one = np.array([1], np.uint64)
-    record = encode_step(one, one, [0], 0, [0], contiguous=True, emitted_ns=0, pushed_ns=0)
+    record = bytes(encode_step(one, one, [0], 0, [0], contiguous=True, emitted_ns=0))
     with pytest.raises(WireError):
         decode_reply(record[:-cut] if cut < len(record) else record[: HEADER.size])
     with pytest.raises(WireError, match="does not match"):

@@ -1,35 +1,95 @@
-"""Run the benchmark suites and print their tables (or JSON): ``rte bench``.
+"""Run the benchmark suites and print their tables (or one JSON object): ``rte bench``.
 
-    python -m tools.bench [--suite engine|e2e|transport|all] [--json] [--quick] [--plot FILE.png]
+    python -m tools.bench [--suite engine|e2e|transport|all] [--windows 5] [--json]
+                          [--quick] [--plot FILE.png]
 
-Run from a checkout (``tools`` is never installed); ``rte bench`` finds the
-checkout and runs this.
+Each suite prints a line to stderr per size or peer as it goes; at the end
+come the tables, or with ``--json`` one object holding every suite that ran
+(under ``engine``, ``e2e``, ``transport``), which ``python -m
+tools.readme_tables`` turns into the README's tables. ``--quick`` is a smoke
+run (2 windows, few rounds; under a minute). Run from a checkout
+(``tools`` is never installed); ``rte bench`` finds the checkout and runs this.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import sys
+import time
+from typing import Any
 
 from tools import bench_e2e, bench_engine, bench_transport
+from tools.report import DEFAULT_WINDOWS, machine, plot_latency, print_json, print_tables
+
+SIZES = [1, 8, 64]
+QUICK_WINDOWS = 2
+
+
+def _windows(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 window, got {n}")
+    return n
+
+
+def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
+    """Every suite named by ``suite`` ("all": every one), keyed by its name."""
+    results: dict[str, Any] = {}
+    if suite in ("engine", "all"):
+        results["engine"] = bench_engine.run(SIZES, 300 if quick else 2000, n_windows)
+    if suite in ("e2e", "all"):
+        results["e2e"] = bench_e2e.run(
+            SIZES,
+            40 if quick else 200,
+            n_windows=n_windows,
+            paced_rounds=4 if quick else 12,
+            rate_seconds=0.2 if quick else 0.5,
+            paced_seconds=0.2 if quick else 0.5,
+        )
+    if suite in ("transport", "all"):
+        results["transport"] = bench_transport.run(quick, n_windows)
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=["engine", "e2e", "transport", "all"], default="all")
+    parser.add_argument(
+        "--windows",
+        type=_windows,
+        help=f"repeat each measurement this many times (default {DEFAULT_WINDOWS}; "
+        f"{QUICK_WINDOWS} with --quick)",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="plot the end-to-end latencies")
-    parser.add_argument("--json", action="store_true", help="JSON instead of tables")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = parser.parse_args(argv)
-    flags = ["--json"] if args.json else []
-    if args.suite in ("engine", "all"):
-        bench_engine.main(flags + (["--steps", "300"] if args.quick else []))
-    if args.suite in ("e2e", "all"):
-        extra = (["--rounds", "60"] if args.quick else []) + (
-            ["--plot", args.plot] if args.plot else []
+    if args.plot and args.suite not in ("e2e", "all"):
+        parser.error("--plot plots the e2e suite: use --suite e2e or all")
+    n_windows = args.windows or (QUICK_WINDOWS if args.quick else DEFAULT_WINDOWS)
+    began = time.monotonic()
+    results = run(args.suite, n_windows, args.quick)
+    seconds = time.monotonic() - began
+    print(f"bench: done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    if args.plot:
+        plot_latency(results["e2e"], args.plot)
+    if args.json:
+        print_json(
+            {
+                "machine": machine(),
+                "date": datetime.date.today().isoformat(),
+                "windows": n_windows,
+                "quick": args.quick,
+                "seconds": round(seconds, 1),
+                **results,
+            }
         )
-        bench_e2e.main(flags + extra)
-    if args.suite in ("transport", "all"):
-        bench_transport.main(flags + (["--quick"] if args.quick else []))
+        return
+    tables = {"engine": bench_engine.TABLES, "e2e": bench_e2e.TABLES}
+    tables["transport"] = bench_transport.TABLES
+    for name, result in results.items():
+        print_tables(result, tables[name])
 
 
 if __name__ == "__main__":

@@ -1,213 +1,421 @@
 """End to end: action sent to the chunk that reflects it, through a daemon and in process.
 
-This answers the seed's open question (does the outbox add latency against a
-direct callback?). The model is the null model (zero-cost stages) whose chunks
-carry the session's last ``tag``; a round sends a new tag to one session and
-times until a chunk of that session carries it. Both loops step continuously:
+Does the process boundary add latency against a direct in-process callback? The
+model is the null model (zero-cost stages) whose chunks carry the session's
+last ``tag``; a round sends a new tag to one session (round r: session r mod n)
+and times, on ``time.monotonic_ns``, until a chunk of that session carries it.
 
-* in process: ``ComposedEngine.step`` in a loop that hands each chunk to a
-  callback on the same thread (a direct in-process callback);
+* in process: ``ComposedEngine.step`` in a loop on this thread that hands each
+  chunk to a callback (a direct in-process callback);
 * daemon: ``rte serve --model null`` in another process, the action over the
-  inbox ring, the chunk back over the outbox ring and the slab.
+  inbox ring, the chunk back over the outbox ring and the slab, held when
+  ``client.poll_batch()`` returns its step's batch (the batch API: one record,
+  one release per step).
 
-Both include the engine's two-chunk pipeline, so the difference is what the
-process boundary costs. Also: chunks/s through the daemon at the largest size.
+Two modes, one row per (sessions, mode):
 
-    python -m tools.bench_e2e [--sessions 1 8 64] [--rounds 300] [--json] [--plot FILE.png]
+* ``flat``: both step as fast as they can. Also chunks/s flat out: the
+  in-process loop with its callback, and a client draining the daemon.
+* ``paced``: 60 Hz. The daemon is a second one, ``rte serve --pace-hz 60``;
+  the in-process side is a paced loop of this module around the same
+  ``ComposedEngine.step`` and callback (it sleeps to each tick as
+  ``rte.serve.default_serve`` does), so ``added`` means the same in both
+  modes: what the process boundary adds. (``InProcessClient(pace_hz=60)``
+  would add its own thread handoff.) An action is sent at a set point of the
+  period after the emission of the chunk that ended the last round (``R``
+  evenly spaced points for ``R`` rounds, the same points in both paths and
+  every window), so the latency includes the wait for the next tick: about
+  1.5 periods at p50. After the rounds, a steady window records chunks/s,
+  each chunk's delivery (``timing.emitted_ns`` to the client holding it; in
+  process, to the callback) and the client's CPU time (``time.process_time``
+  over the window, % of one core; in process that is the engine's too).
+
+Every figure is the median over ``--windows`` windows; ``*_spread`` is the
+half-range over windows in % of the median (``tools.report``). Window i runs
+the in-process side then the daemon side, and ``added`` is taken per window.
+Paced chunks/s are counts over a short window: expect about one step of
+quantization (1/30 at 0.5 s).
+
+    python -m tools.bench_e2e [--sessions 1 8 64] [--windows 5] [--rounds 200]
+                              [--paced-rounds 12] [--json] [--plot FILE.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import os
-import platform
+import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from rte.client import EngineClient, connect
+from rte.client import ChunkBatch, EngineClient, connect
 from rte.composed import ComposedEngine
 from rte.contract import Action, StepResult
 from rte.ipc.names import DaemonNames
 from rte.models.null import NullModel, tag_of
-from tools.report import percentiles_us, print_json, print_table
+from tools import report
+from tools.report import percentiles_us
+
+PACE_HZ = 60.0
+TIMEOUT_S = 10.0  # every wait for a chunk
+FLAT = ["inproc_p50_us", "inproc_p99_us", "daemon_p50_us", "daemon_p99_us"]
+FLAT += ["added_p50_us", "added_p99_us", "inproc_chunks_per_s", "daemon_chunks_per_s"]
+PACED = [*FLAT, "held_p50_us", "held_p99_us", "client_cpu_pct"]
+PACED += ["inproc_held_p50_us", "inproc_held_p99_us", "inproc_cpu_pct"]
+TITLE = "Action to the chunk that reflects it (null model)"
+TABLES: list[report.TableSpec] = [
+    (f"{TITLE}, flat", "rows", {"mode": "flat"}, ["sessions", *FLAT]),
+    (f"{TITLE}, paced at 60 Hz", "rows", {"mode": "paced"}, ["sessions", *PACED]),
+]
+Tags = Iterator[int]
 
 
-def in_process(sessions: int, rounds: int) -> list[int]:
-    """Per-round ns from handing the action to the engine to the callback seeing
-    the tagged chunk. One thread: the callback runs on the stepping thread."""
+# -- in process ------------------------------------------------------------------
+
+
+def _engine(sessions: int) -> tuple[ComposedEngine, list[str]]:
     engine = ComposedEngine(NullModel(sessions), lanes="cpu")
     names = [f"s{i}" for i in range(sessions)]
     for name in names:
         engine.attach(name)
     for _ in range(4):
         engine.step(names)
+    return engine, names
+
+
+def _phases(rounds: int, period_ns: int) -> list[int]:
+    """When to send each round's action, in ns after the last emission: ``rounds``
+    evenly spaced points of the period, in a fixed shuffled order."""
+    order = random.Random(rounds).sample(range(rounds), rounds)
+    return [(k * 2 + 1) * period_ns // (2 * rounds) for k in order]
+
+
+def _due_at(anchor_ns: int, phase_ns: int, period_ns: int) -> int:
+    at = anchor_ns + phase_ns
+    now = time.monotonic_ns()
+    while at <= now:  # that point has passed: the same point of a later period
+        at += period_ns
+    return at
+
+
+def _sleep_until(at_ns: int) -> None:
+    delay = at_ns - time.monotonic_ns()
+    if delay > 0:
+        time.sleep(delay / 1e9)
+
+
+def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> dict[str, Any]:
+    """The in-process side of a window. ``samples``: per round, ns from handing the
+    action to the engine to the callback (on the stepping thread) seeing the tagged
+    chunk; then ``seconds`` of steady stepping: ``rate`` (chunks/s) and, paced,
+    ``held`` (emitted to callback, ns per chunk) and ``cpu`` (% of one core).
+    ``hz`` 0: flat out, each action at once; else paced, at the points of _phases."""
+    engine, names = _engine(sessions)
+    period = round(1e9 / hz) if hz else 0
+    phases = _phases(rounds, period) if period else [0] * rounds
     samples: list[int] = []
-    sent: list[int] = []  # when the current round's action went in (empty: none yet)
+    held: list[int] = []
+    state = {"sent": 0, "anchor": time.monotonic_ns(), "count": 0}
+    actions: dict[str, Action] = {}
+    next_tick = time.monotonic_ns()
 
-    def callback(result: StepResult) -> None:
-        r = len(samples)
-        assert result.latent is not None
-        if sent and result.session == names[r % sessions] and tag_of(result.latent) == r:
-            samples.append(time.perf_counter_ns() - sent.pop())
-
-    deadline = time.monotonic() + 60
-    while len(samples) < rounds and time.monotonic() < deadline:
+    def step(callback: Callable[[StepResult], None]) -> None:
+        nonlocal next_tick, actions
+        _sleep_until(next_tick)
+        results = engine.step(names, actions)
         actions = {}
-        if not sent:
-            r = len(samples)
-            actions[names[r % sessions]] = Action({"tag": r})
-            sent.append(time.perf_counter_ns())
-        for result in engine.step(names, actions):
+        for result in results:
             if result.has_chunk:
                 callback(result)
-    engine.close()
-    return samples
+        next_tick = max(next_tick + period, time.monotonic_ns())  # late: no catching up
+
+    def round_callback(result: StepResult) -> None:
+        r = len(samples)
+        assert result.latent is not None
+        if state["sent"] and result.session == names[r % sessions] and tag_of(result.latent) == r:
+            samples.append(time.monotonic_ns() - state["sent"])
+            state["sent"], state["anchor"] = 0, result.timing.emitted_ns
+
+    def count_callback(result: StepResult) -> None:
+        state["count"] += 1
+        if period:
+            held.append(time.monotonic_ns() - result.timing.emitted_ns)
+
+    try:
+        deadline = time.monotonic() + 60
+        while len(samples) < rounds and time.monotonic() < deadline:
+            r = len(samples)
+            if not state["sent"]:
+                at = _due_at(state["anchor"], phases[r], period) if period else 0
+                if at < next_tick:
+                    _sleep_until(at)
+                    state["sent"] = time.monotonic_ns()
+                    actions = {names[r % sessions]: Action({"tag": r})}
+            step(round_callback)
+        cpu, began = time.process_time(), time.monotonic()
+        while time.monotonic() - began < seconds:
+            step(count_callback)
+        elapsed = time.monotonic() - began
+        cpu_pct = (time.process_time() - cpu) / elapsed * 100
+    finally:
+        engine.close()
+    return {"samples": samples, "rate": state["count"] / elapsed, "held": held, "cpu": cpu_pct}
+
+
+# -- through a daemon ------------------------------------------------------------
 
 
 class _Daemon:
-    def __init__(self, sessions: int) -> None:
-        self.name = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """``rte serve --model null`` in a child process; :meth:`close` stops it and
+    removes its shared memory, whatever state it is in."""
+
+    def __init__(self, sessions: int, pace_hz: float = 0.0, prefix: str = "bench") -> None:
+        self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", "null"]
         command += ["--max-sessions", str(sessions), "--max-clients", "2"]
         command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
-        self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        command += ["--pace-hz", str(pace_hz)] if pace_hz else []
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self.process = subprocess.Popen(command, stderr=self.log)
+
+    def connect(self) -> EngineClient:
+        try:
+            return connect(self.name, timeout=60)
+        except Exception as exc:
+            self.log.seek(0)
+            tail = self.log.read()[-2000:].decode(errors="replace")
+            raise RuntimeError(f"the benchmark's daemon did not come up: {exc}\n{tail}") from exc
 
     def close(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        self.log.close()
         DaemonNames(self.name).remove_leftovers()
 
 
-def _drain_until(client: EngineClient, session: str, tag: int) -> int:
+def _settle(client: EngineClient, sessions: int) -> int:
+    """Fill the pipeline, then take what waits; the last batch's ``emitted_ns``."""
+    emitted = 0
+    for _ in range(4):
+        with _batch(client) as batch:
+            emitted = batch.emitted_ns
+    while (waiting := client.poll_batch(timeout=0)) is not None:
+        with waiting:
+            emitted = waiting.emitted_ns
+    return emitted
+
+
+def _batch(client: EngineClient) -> ChunkBatch:
+    batch = client.poll_batch(timeout=TIMEOUT_S)
+    if batch is None:
+        raise RuntimeError(f"no chunk from the daemon in {TIMEOUT_S}s")
+    return batch
+
+
+def _drain_until(client: EngineClient, session: str, tag: int) -> tuple[int, int]:
+    """Take step batches until a chunk of ``session`` carries ``tag``: (held ns, its
+    emitted ns). A batch's rows are looked at in place, as a caller would."""
     while True:
-        chunk = client.poll(timeout=10)
-        if chunk is None:
-            raise RuntimeError("daemon round timed out")
-        with chunk:
-            if chunk.session == session and tag_of(chunk.latent) == tag:
-                return time.perf_counter_ns()
+        with _batch(client) as batch:
+            for i, name in enumerate(batch.sessions):
+                if name == session and tag_of(batch.latents[i]) == tag:
+                    return time.monotonic_ns(), batch.emitted_ns
 
 
-def through_daemon(sessions: int, rounds: int, rate_seconds: float) -> tuple[list[int], float]:
-    """Per-round ns from act to the client holding the tagged chunk; and chunks/s."""
-    daemon = _Daemon(sessions)
-    try:
-        with connect(daemon.name, timeout=60) as client:
-            names = [f"s{i}" for i in range(sessions)]
-            for name in names:
-                client.attach(name)
-            for _ in range(4 * sessions):  # warm up: fill the pipeline
-                chunk = client.poll(timeout=10)
-                if chunk is not None:
-                    chunk.release()
-            samples = []
-            for r in range(rounds):
-                session = names[r % sessions]
-                t0 = time.perf_counter_ns()
-                client.act(session, {"tag": r})
-                samples.append(_drain_until(client, session, r) - t0)
-            count, began = 0, time.monotonic()
-            while time.monotonic() - began < rate_seconds:
-                chunk = client.poll(timeout=10)
-                if chunk is not None:
-                    chunk.release()
-                    count += 1
-            rate = count / (time.monotonic() - began)
-    finally:
-        daemon.close()
-    return samples, rate
+def _drain_count(client: EngineClient, seconds: float, held: list[int] | None = None) -> int:
+    """Take and release step batches as fast as they come for ``seconds`` (the batch
+    API: one release per step); how many chunks came. With ``held``, append each
+    batch's :func:`_delivery_ns` to it, once per chunk."""
+    count = 0
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        batch = client.poll_batch(timeout=left)
+        if batch is None:
+            continue
+        held_ns = time.monotonic_ns()
+        if held is not None:
+            held += [_delivery_ns(batch, held_ns)] * len(batch)
+        batch.release()
+        count += len(batch)
+    return count
 
 
-def run(sizes: list[int], rounds: int, rate_seconds: float = 2.0) -> dict[str, Any]:
-    rows = []
-    for n in sizes:
-        local = percentiles_us(in_process(n, rounds))
-        remote_samples, rate = through_daemon(n, rounds, rate_seconds)
-        remote = percentiles_us(remote_samples)
-        rows.append(
-            {
-                "sessions": n,
-                "inproc_p50_us": local["p50_us"],
-                "inproc_p99_us": local["p99_us"],
-                "daemon_p50_us": remote["p50_us"],
-                "daemon_p99_us": remote["p99_us"],
-                "added_p50_us": remote["p50_us"] - local["p50_us"],
-                "added_p99_us": remote["p99_us"] - local["p99_us"],
-                "daemon_chunks_per_s": rate,
-            }
-        )
+def _delivery_ns(batch: ChunkBatch, held_ns: int) -> int:
+    """Delivery latency of a step's chunks: the engine's step returned them
+    (``emitted_ns``) to the client holding them (``held_ns``, ``time.monotonic_ns``
+    after the poll). ``pushed_ns``/``taken_ns`` split it (``rte inspect`` shows that)."""
+    return held_ns - batch.emitted_ns
+
+
+def through_daemon(
+    client: EngineClient, names: list[str], rounds: int, tags: Tags, period_ns: int = 0
+) -> list[int]:
+    """Per-round ns from act to the client holding the tagged chunk. Paced
+    (``period_ns``): each action at the points of :func:`_phases`."""
+    anchor = _settle(client, len(names))
+    phases = _phases(rounds, period_ns) if period_ns else []
+    samples = []
+    for r in range(rounds):
+        session, tag = names[r % len(names)], next(tags)
+        if period_ns:
+            _sleep_until(_due_at(anchor, phases[r], period_ns))
+        t0 = time.monotonic_ns()
+        client.act(session, {"tag": tag})
+        held_ns, anchor = _drain_until(client, session, tag)
+        samples.append(held_ns - t0)
+    return samples
+
+
+# -- windows and rows --------------------------------------------------------------
+
+
+def _latency(local: list[int], remote: list[int]) -> dict[str, float]:
+    a, b = percentiles_us(local), percentiles_us(remote)
     return {
-        "bench": "end_to_end",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        "rounds": rounds,
-        "rows": rows,
+        "inproc_p50_us": a["p50_us"],
+        "inproc_p99_us": a["p99_us"],
+        "daemon_p50_us": b["p50_us"],
+        "daemon_p99_us": b["p99_us"],
+        "added_p50_us": b["p50_us"] - a["p50_us"],
+        "added_p99_us": b["p99_us"] - a["p99_us"],
     }
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    """Bars of p50/p99 in process and through the daemon (needs matplotlib)."""
-    try:
-        import matplotlib  # noqa: PLC0415 (optional)
+def _flat_window(
+    client: EngineClient, names: list[str], rounds: int, seconds: float, tags: Tags
+) -> dict[str, float]:
+    local = in_process(len(names), rounds, seconds)
+    remote = through_daemon(client, names, rounds, tags)
+    rate = _drain_count(client, seconds) / seconds
+    rates = {"inproc_chunks_per_s": local["rate"], "daemon_chunks_per_s": rate}
+    return {**_latency(local["samples"], remote), **rates}
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from None
-    rows = result["rows"]
-    labels = [str(r["sessions"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.2
-    for k, key in enumerate(["inproc_p50_us", "inproc_p99_us", "daemon_p50_us", "daemon_p99_us"]):
-        ax.bar(
-            [i + (k - 1.5) * width for i in range(len(rows))],
-            [r[key] for r in rows],
-            width,
-            label=key,
+
+def _paced_window(
+    client: EngineClient, names: list[str], rounds: int, seconds: float, tags: Tags
+) -> dict[str, float]:
+    local = in_process(len(names), rounds, seconds, PACE_HZ)
+    remote = through_daemon(client, names, rounds, tags, round(1e9 / PACE_HZ))
+    while (waiting := client.poll_batch(timeout=0)) is not None:  # the rest of the last step
+        waiting.release()
+    held: list[int] = []
+    cpu, began = time.process_time(), time.monotonic()
+    count = _drain_count(client, seconds, held)
+    cpu_pct = (time.process_time() - cpu) / (time.monotonic() - began) * 100
+    ours, theirs = percentiles_us(held), percentiles_us(local["held"])
+    return {
+        **_latency(local["samples"], remote),
+        "inproc_chunks_per_s": local["rate"],
+        "daemon_chunks_per_s": count / seconds,
+        "held_p50_us": ours["p50_us"],
+        "held_p99_us": ours["p99_us"],
+        "client_cpu_pct": cpu_pct,
+        "inproc_held_p50_us": theirs["p50_us"],
+        "inproc_held_p99_us": theirs["p99_us"],
+        "inproc_cpu_pct": local["cpu"],
+    }
+
+
+def measure(
+    sessions: int,
+    mode: str,
+    n_windows: int,
+    rounds: int,
+    seconds: float,
+    progress: report.Progress,
+    prefix: str = "bench",
+) -> dict[str, Any]:
+    """One row: a daemon for this (sessions, mode), ``n_windows`` windows, their summary."""
+    daemon = _Daemon(sessions, PACE_HZ if mode == "paced" else 0.0, prefix)
+    try:
+        with daemon.connect() as client:
+            names = [f"s{i}" for i in range(sessions)]
+            for name in names:
+                client.attach(name)
+            window = _paced_window if mode == "paced" else _flat_window
+            measure = functools.partial(window, client, names, rounds, seconds, itertools.count())
+            what = f"sessions={sessions} {mode}"
+            summary = progress.measure(what, measure, n_windows, "daemon_p50_us", "µs")
+    finally:
+        daemon.close()
+    return {"sessions": sessions, "mode": mode, **summary}
+
+
+def run(
+    sizes: list[int],
+    rounds: int = 200,
+    *,
+    n_windows: int = report.DEFAULT_WINDOWS,
+    paced_rounds: int = 12,
+    rate_seconds: float = 0.5,
+    paced_seconds: float = 0.5,
+    modes: tuple[str, ...] = ("flat", "paced"),
+    prefix: str = "bench",
+) -> dict[str, Any]:
+    """Every (mode, sessions) row, flat rows first. Counts and seconds are per window."""
+    progress = report.Progress("e2e", len(modes) * len(sizes))
+    rows = []
+    for mode in modes:
+        count, seconds = (
+            (paced_rounds, paced_seconds) if mode == "paced" else (rounds, rate_seconds)
         )
-    ax.set_xticks(range(len(rows)), labels)
-    ax.set_xlabel("sessions")
-    ax.set_ylabel("action to chunk, µs")
-    ax.set_title("rte: in-process callback vs daemon over shared memory")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        for n in sizes:
+            rows.append(
+                measure(n, mode, n_windows, count, seconds, prefix=prefix, progress=progress)
+            )
+    return {
+        "bench": "end_to_end",
+        "machine": report.machine(),
+        "windows": n_windows,
+        "rounds": rounds,
+        "paced_rounds": paced_rounds,
+        "pace_hz": PACE_HZ,
+        "rate_seconds": rate_seconds,
+        "paced_seconds": paced_seconds,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--windows", type=int, default=report.DEFAULT_WINDOWS)
+    parser.add_argument("--rounds", type=int, default=200, help="flat rounds per window")
+    parser.add_argument("--paced-rounds", type=int, default=12, help="paced rounds per window")
+    parser.add_argument("--rate-seconds", type=float, default=0.5, help="flat chunks/s window")
+    parser.add_argument("--paced-seconds", type=float, default=0.5, help="paced steady window")
+    parser.add_argument("--modes", nargs="+", choices=["flat", "paced"], default=["flat", "paced"])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--plot", metavar="FILE.png")
+    parser.add_argument("--plot", metavar="FILE.png", help="p50/p99 per sessions and mode, log y")
     args = parser.parse_args(argv)
-    result = run(args.sessions, args.rounds)
-    if args.plot:
-        plot(result, args.plot)
-    if args.json:
-        print_json(result)
-        return
-    print_table(
-        "Action to the chunk that reflects it (null model): direct callback vs daemon",
-        result["rows"],
-        [
-            "sessions",
-            "inproc_p50_us",
-            "inproc_p99_us",
-            "daemon_p50_us",
-            "daemon_p99_us",
-            "added_p50_us",
-            "added_p99_us",
-            "daemon_chunks_per_s",
-        ],
+    result = run(
+        args.sessions,
+        args.rounds,
+        n_windows=args.windows,
+        paced_rounds=args.paced_rounds,
+        rate_seconds=args.rate_seconds,
+        paced_seconds=args.paced_seconds,
+        modes=tuple(args.modes),
     )
+    if args.plot:
+        report.plot_latency(result, args.plot)
+    if args.json:
+        report.print_json(result)
+    else:
+        report.print_tables(result, TABLES)
 
 
 if __name__ == "__main__":

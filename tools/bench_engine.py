@@ -6,15 +6,21 @@ loop calling the same no-op stage functions on a prebuilt batch, with none of
 the engine's bookkeeping. Ratios against it are the claim; absolute times drift
 with the machine.
 
-    python -m tools.bench_engine            # table
+Each size is measured in ``--windows`` windows (default 5; each a fresh
+engine, ``--steps`` timed steps, then the floor); every figure is the median
+over windows with its spread (see ``tools.report``). ``overhead_x_floor`` is
+taken per window (engine and floor of the same window); ``step_x_1_session``
+is the ratio of the medians.
+
+    python -m tools.bench_engine [--sessions 1 8 64] [--steps 2000] [--windows 5]
     python -m tools.bench_engine --json     # for scripts
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
-import platform
 import time
 from typing import Any
 
@@ -22,7 +28,21 @@ import numpy as np
 
 from rte import Batch, ComposedEngine
 from rte.models import NullModel
-from tools.report import percentiles_us, print_json, print_table
+from tools.report import (
+    DEFAULT_WINDOWS,
+    Progress,
+    TableSpec,
+    machine,
+    percentiles_us,
+    print_json,
+    print_tables,
+)
+
+COLUMNS = ["sessions", "step_p50_us", "step_p99_us", "per_session_us", "step_x_1_session"]
+COLUMNS += ["floor_p50_us", "overhead_x_floor"]
+TABLES: list[TableSpec] = [
+    ("ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", "rows", {}, COLUMNS)
+]
 
 
 def _engine_step_ns(sessions: int, steps: int) -> list[int]:
@@ -54,53 +74,53 @@ def _floor_step_ns(sessions: int, steps: int) -> list[int]:
     return samples
 
 
-def run(sizes: list[int], steps: int) -> dict[str, Any]:
-    rows = []
+def _window(sessions: int, steps: int) -> dict[str, float]:
+    """One window: a fresh engine's steps, then the floor's, at one size."""
+    engine = percentiles_us(_engine_step_ns(sessions, steps))
+    floor = percentiles_us(_floor_step_ns(sessions, steps))
+    return {
+        "step_p50_us": engine["p50_us"],
+        "step_p99_us": engine["p99_us"],
+        "per_session_us": engine["p50_us"] / sessions,
+        "floor_p50_us": floor["p50_us"],
+        "overhead_x_floor": engine["p50_us"] / max(floor["p50_us"], 1e-3),
+    }
+
+
+def run(sizes: list[int], steps: int, n_windows: int = DEFAULT_WINDOWS) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    progress = Progress("engine", len(sizes))
     gc.disable()
     try:
         for n in sizes:
-            engine = percentiles_us(_engine_step_ns(n, steps))
-            floor = percentiles_us(_floor_step_ns(n, steps))
-            rows.append(
-                {
-                    "sessions": n,
-                    "step_p50_us": engine["p50_us"],
-                    "step_p99_us": engine["p99_us"],
-                    "per_session_us": engine["p50_us"] / n,
-                    "floor_p50_us": floor["p50_us"],
-                    "overhead_x_floor": engine["p50_us"] / max(floor["p50_us"], 1e-3),
-                }
-            )
+            window = functools.partial(_window, n, steps)
+            summary = progress.measure(f"sessions={n}", window, n_windows, "step_p50_us", "µs")
+            rows.append({"sessions": n, **summary})
     finally:
         gc.enable()
-    base = rows[0]["step_p50_us"]
     for row in rows:
-        row["step_x_1_session"] = row["step_p50_us"] / base
-    return {"bench": "engine_overhead", "machine": platform.machine(), "steps": steps, "rows": rows}
+        row["step_x_1_session"] = row["step_p50_us"] / rows[0]["step_p50_us"]
+    return {
+        "bench": "engine_overhead",
+        "machine": machine(),
+        "steps": steps,
+        "windows": n_windows,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=2000, help="timed steps per window")
+    parser.add_argument("--windows", type=int, default=DEFAULT_WINDOWS)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
-    result = run(args.sessions, args.steps)
+    result = run(args.sessions, args.steps, args.windows)
     if args.json:
         print_json(result)
-        return
-    columns = [
-        "sessions",
-        "step_p50_us",
-        "step_p99_us",
-        "per_session_us",
-        "step_x_1_session",
-        "floor_p50_us",
-        "overhead_x_floor",
-    ]
-    print_table(
-        "ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", result["rows"], columns
-    )
+    else:
+        print_tables(result, TABLES)
 
 
 if __name__ == "__main__":

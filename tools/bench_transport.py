@@ -16,15 +16,19 @@ claim; absolute times drift with the machine and its load):
    ``multiprocessing.Queue``, ``Pipe`` and pyzmq (zero-copy sends where they
    offer them).
 
-    python -m tools.bench_transport [--json] [--quick]
+Each figure is measured in ``--windows`` windows (default 5; each its own
+server process and exchanges): the median over windows and its spread
+(``tools.report``); ``x_floor``, ``x_ring``, ``x_slab`` are ratios of medians.
+
+    python -m tools.bench_transport [--json] [--quick] [--windows 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
-import platform
 import struct
 import time
 import uuid
@@ -36,7 +40,7 @@ import numpy as np
 from shm import Doorbell, Ring, Segment, Slab, SlotRef, shm_name
 from shm.native import lib
 from shm.segment import HEADER_SIZE
-from tools.report import percentiles_us, print_json, print_table
+from tools import report
 
 SPAWN = multiprocessing.get_context("spawn")
 RING_CAPACITY = 1 << 16
@@ -340,27 +344,48 @@ LABELS = {
 }
 
 
-def run(quick: bool) -> dict[str, Any]:
-    trips = 2000 if quick else 10000
+def _stats(kind: str, n: int, latent: int | None, warmup: int) -> dict[str, float]:
+    """One window of :func:`_measure`: its p50, p99 and mean."""
+    return report.percentiles_us(_measure(kind, n, latent, warmup))
+
+
+def _rate(kind: str, n: int) -> dict[str, float]:
+    return {"records_per_s": _throughput(kind, n)}  # one window of _throughput
+
+
+def run(quick: bool, n_windows: int = report.DEFAULT_WINDOWS, tiny: bool = False) -> dict[str, Any]:
+    """Every table, each figure in ``n_windows`` windows; ``tiny``: a few
+    exchanges of each kind and one latent size (for tests)."""
+    trips, records = (20, 200) if tiny else (500, 5000) if quick else (2000, 20000)  # per window
+    sizes = LATENT_SIZES[:1] if tiny else LATENT_SIZES
+    small_kinds = list(filter(_available, SMALL_PEERS))
+    latent_kinds = list(filter(_available, LATENT_PEERS))
+    total = 2 * len(small_kinds) - 1 + len(sizes) * len(latent_kinds)
+    progress = report.Progress("transport", total)
     small_rows: list[dict[str, Any]] = []
-    for kind in filter(_available, SMALL_PEERS):
-        stats = percentiles_us(_measure(kind, trips, None, warmup=200))
+    for kind in small_kinds:
+        window = functools.partial(_stats, kind, trips, None, 200)
+        stats = progress.measure(f"64 B round trip, {LABELS[kind]}", window, n_windows, *P50)
         small_rows.append({"peer": LABELS[kind], "kind": kind, **stats})
     floor = next(r for r in small_rows if r["kind"] == "floor")["p50_us"]
     ring = next(r for r in small_rows if r["kind"] == "ring-spin")["p50_us"]
     for row in small_rows:
         row["x_floor"] = row["p50_us"] / floor
         row["x_ring"] = row["p50_us"] / ring
-    records = 20000 if quick else 100000
     for row in small_rows:
         if row["kind"] != "floor":
-            row["records_per_s"] = _throughput(row["kind"], records)
+            window = functools.partial(_rate, row["kind"], records)
+            rate = progress.measure(f"records/s, {row['peer']}", window, n_windows, *PER_S)
+            row.update(rate)
     latent_rows: list[dict[str, Any]] = []
-    for size in LATENT_SIZES:
-        n = max(20, min(500, (64 << 20) // size)) // (4 if quick else 1)
+    for size in sizes:
+        every = max(20, min(500, (64 << 20) // size)) // (4 if quick else 1)  # all windows'
+        n = 3 if tiny else max(4 if quick else 8, every // n_windows)
         rows: list[dict[str, Any]] = []
-        for kind in filter(_available, LATENT_PEERS):
-            stats = percentiles_us(_measure(kind, n, size, warmup=5))
+        for kind in latent_kinds:
+            window = functools.partial(_stats, kind, n, size, 5)
+            what = f"{_size(size)} latent, {LABELS[kind]}"
+            stats = progress.measure(what, window, n_windows, *P50)
             rows.append({"size": _size(size), "peer": LABELS[kind], "kind": kind, **stats})
         slab = next(r for r in rows if r["kind"] == "slab")["p50_us"]
         for row in rows:
@@ -368,10 +393,20 @@ def run(quick: bool) -> dict[str, Any]:
         latent_rows.extend(rows)
     return {
         "bench": "transport",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "machine": report.machine(),
+        "windows": n_windows,
         "round_trip_64B": small_rows,
         "latent_handoff": latent_rows,
     }
+
+
+P50, PER_S = ("p50_us", "µs"), ("records_per_s", "/s")
+ROUND_TRIP = ["peer", "p50_us", "p99_us", "x_floor", "x_ring", "records_per_s"]
+LATENT = ["size", "peer", "p50_us", "p99_us", "x_slab"]
+TABLES: list[report.TableSpec] = [
+    ("64-byte round trip to another process and back", "round_trip_64B", {}, ROUND_TRIP),
+    ("Handing a latent to another process (until it holds an array)", "latent_handoff", {}, LATENT),
+]
 
 
 def _size(n: int) -> str:
@@ -382,21 +417,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument("--windows", type=int, default=report.DEFAULT_WINDOWS)
     args = parser.parse_args(argv)
-    result = run(args.quick)
+    result = run(args.quick, args.windows)
     if args.json:
-        print_json(result)
-        return
-    print_table(
-        "Round trip of a 64-byte record to another process and back",
-        result["round_trip_64B"],
-        ["peer", "p50_us", "p99_us", "x_floor", "x_ring", "records_per_s"],
-    )
-    print_table(
-        "Handing a latent to another process (until it holds a usable array)",
-        result["latent_handoff"],
-        ["size", "peer", "p50_us", "p99_us", "x_slab"],
-    )
+        report.print_json(result)
+    else:
+        report.print_tables(result, TABLES)
 
 
 if __name__ == "__main__":

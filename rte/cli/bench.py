@@ -2,7 +2,8 @@
 
 The benchmarks live in the checkout's ``tools/``, which is never installed:
 this command finds the checkout this rte was installed from (``pip install
--e .``) and runs ``python -m tools.bench`` there, with the same options.
+-e .``) and runs ``python -m tools.bench`` there, with the same options:
+``--suite``, ``--windows``, ``--json``, ``--quick``, ``--plot``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def add_parser(sub: Any) -> None:
         description="Run the benchmarks in the source checkout's tools/ (python -m tools.bench).",
     )
     p.add_argument("--suite", choices=["engine", "e2e", "transport", "all"], default="all")
+    p.add_argument(
+        "--windows", type=int, help="repeat each measurement this many times (default 5)"
+    )
     p.add_argument("--plot", metavar="FILE.png", help="plot the end-to-end latencies")
     p.add_argument("--json", action="store_true", help="JSON instead of tables")
     p.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
@@ -47,4 +51,5 @@ def run(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "tools.bench", "--suite", args.suite]
     command += ["--json"] * args.json + ["--quick"] * args.quick
     command += ["--plot", args.plot] if args.plot else []
+    command += ["--windows", str(args.windows)] if args.windows else []
     return subprocess.call(command, cwd=root)

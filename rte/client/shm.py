@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psutil
@@ -261,8 +261,7 @@ class ShmClient(EngineClient):
             self._names[handle] = None
 
     def _batch(self, step: StepRecord, taken: int) -> ChunkBatch:
-        names = self._names
-        sessions = [names[h] for h in step.handles.tolist()]
+        sessions = list(map(self._names.__getitem__, step.handles.tolist()))
         if None in sessions:
             raise WireError(f"STEP names handles {step.handles.tolist()}, not all attached")
         sample = self._slab.receive_batch(
@@ -272,7 +271,7 @@ class ShmClient(EngineClient):
         lease = _Lease(sample, step.handles, self._tokens[step.handles])
         latents = sample.block if sample.block is not None else sample.rows
         return ChunkBatch(
-            sessions,  # no None left: checked above
+            cast(list[str], sessions),  # no None left: checked above
             step.chunks,
             latents,
             step.generated_ns,
@@ -285,16 +284,24 @@ class ShmClient(EngineClient):
 
     def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
         lease: _Lease = batch.lease
+        whole = len(rows) == len(lease.sample)
         try:
-            if len(rows) == len(lease.sample):
+            if whole:
                 lease.sample.release()
             else:
                 lease.sample.release_rows(rows)
         except (StaleSlot, ForeignSlot):
             return  # not ours any more (reclaimed): nothing to give back or credit
-        handles = lease.handles[rows]
-        live = handles[self._tokens[handles] == lease.tokens[rows]]  # not reset since
-        self._block.consumed[live] += 1
+        handles, tokens = (
+            (lease.handles, lease.tokens)
+            if whole
+            else (
+                lease.handles[rows],
+                lease.tokens[rows],
+            )
+        )
+        bound = self._tokens[handles] == tokens  # not reset or detached since
+        self._block.consumed[handles if bound.all() else handles[bound]] += 1
         if self._block.feed():  # the daemon sleeps for want of our credits
             self._bell.ring()
 

@@ -51,29 +51,31 @@ class SlabAllocator:
 
     def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
         sessions, chunks = batch.sessions, batch.chunks
-        owners = [self.owner_of(s) for s in sessions]
+        owners = list(map(self.owner_of, sessions))
         first = owners[0]
-        groups: dict[int, tuple[Connection, list[int]]]
-        if all(o is first for o in owners):
-            groups = {first.index: (first, list(range(len(owners))))}
-        else:
-            groups = {}
-            for position, owner in enumerate(owners):
-                groups.setdefault(owner.index, (owner, []))[1].append(position)
-        buffers: list[Any] = [None] * len(owners)
         leases = self._by_batch.setdefault(id(batch), [])
+        groups: list[tuple[Connection, list[int] | None]]
+        if owners.count(first) == len(owners):  # the usual case: one client's sessions
+            groups = [(first, None)]
+        else:
+            by_owner: dict[int, tuple[Connection, list[int]]] = {}
+            for position, owner in enumerate(owners):
+                by_owner.setdefault(owner.index, (owner, []))[1].append(position)
+            groups = list(by_owner.values())
+        buffers: list[Any] = [None] * len(owners)
         try:
-            for owner, positions in groups.values():
-                loan = self.slab.loan_batch(owner.index, len(positions), self.dtype, self.shape)
-                for position, row in zip(positions, loan.rows, strict=True):
-                    buffers[position] = row
-                lease = Lease(
-                    owner,
-                    loan,
-                    [sessions[p] for p in positions],
-                    [chunks[p] for p in positions],
-                    batch.generated_ns,
-                )
+            for owner, positions in groups:
+                n = len(owners) if positions is None else len(positions)
+                loan = self.slab.loan_batch(owner.index, n, self.dtype, self.shape)
+                if positions is None:
+                    buffers = loan.rows
+                    lease = Lease(owner, loan, sessions, chunks, batch.generated_ns)
+                else:
+                    for position, row in zip(positions, loan.rows, strict=True):
+                        buffers[position] = row
+                    picked_sessions = [sessions[p] for p in positions]
+                    picked_chunks = [chunks[p] for p in positions]
+                    lease = Lease(owner, loan, picked_sessions, picked_chunks, batch.generated_ns)
                 leases.append(lease)
                 self.pending.append(lease)
         except BaseException:

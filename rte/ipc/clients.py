@@ -56,7 +56,7 @@ class Connection:
     block: ClientBlock
     sessions: list[str] = field(default_factory=list)
     handles: dict[str, int] = field(default_factory=dict)  # session -> handle
-    backlog: collections.deque[bytes] = field(default_factory=collections.deque)
+    backlog: collections.deque[bytes | bytearray] = field(default_factory=collections.deque)
     backlog_bytes: int = 0
     dropped: int = 0  # answers dropped since the client was last told
     overflowing_since: float | None = None
@@ -105,7 +105,7 @@ class Connection:
         names = self.names
         return [names[h] for h in np.flatnonzero(due).tolist()]  # type: ignore[misc]
 
-    def send(self, record: bytes) -> bool:
+    def send(self, record: bytes | bytearray) -> bool:
         """Push now, or queue behind earlier records; False (nothing queued,
         the drop counted) when the backlog holds its limit in bytes already."""
         if not self.backlog:

@@ -47,6 +47,7 @@ log = logging.getLogger("rte.daemon")
 SCAN_EVERY_S = 0.1
 IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and scan
 ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
+TICK_SPIN_S = 0.0005  # a paced daemon spins this long before each tick
 IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
 
 
@@ -99,7 +100,7 @@ class DaemonCore:
                     next_tick += period
                     delay = next_tick - time.monotonic()
                     if delay > 0:
-                        stopping.wait(delay)
+                        self._sleep_until(next_tick, stopping)
                     else:
                         next_tick = time.monotonic()
                 elif not stepped:
@@ -109,6 +110,16 @@ class DaemonCore:
             self.failure = exc
         finally:
             self.finish()
+
+    @staticmethod
+    def _sleep_until(tick: float, stopping: threading.Event) -> None:
+        """A paced daemon's wait for its next tick: asleep until just before it, then
+        awake (a sleeping core wakes late and cold), so the step starts on time."""
+        nap = tick - TICK_SPIN_S - time.monotonic()
+        if nap > 0:
+            stopping.wait(nap)
+        while time.monotonic() < tick and not stopping.is_set():
+            pass
 
     def turn(self) -> bool:
         """One turn of the loop; True when some session stepped."""

@@ -15,13 +15,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
 
 from rte.contract import Notice, NoticeKind, StepResult
 from rte.ipc.allocator import Lease, SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.control import Control, Counter
 from rte.ipc.router import Router
-from rte.ipc.wire import encode_notice, encode_step
+from rte.ipc.wire import encode_notice, encode_step, stamp_pushed
 from rte.serve import OutboxItem
 from shm import ShmError, Slab
 from shm.batch import release_slots
@@ -76,43 +79,56 @@ class Outbound:
             self.steps(time.monotonic_ns())  # nothing leased is left unsent
 
     def steps(self, emitted_ns: int) -> None:
-        """The chunks leased since the last call: one STEP record per owner."""
+        """The chunks leased since the last call: one STEP record per owner (a step
+        that decoded several batches, just after a join, has several leases each)."""
         leases = self.allocator.take()
-        if not leases:
-            return
-        pushed = time.monotonic_ns()
-        for lease in leases:
-            self._step(lease, emitted_ns, pushed)
-        self.histogram.add(pushed - emitted_ns)
+        if len(leases) > 1:
+            by_owner: dict[int, list[Lease]] = {}
+            for lease in leases:
+                by_owner.setdefault(lease.owner.index, []).append(lease)
+            for group in by_owner.values():
+                self._step(group, emitted_ns)
+        elif leases:
+            self._step(leases, emitted_ns)
 
-    def _step(self, lease: Lease, emitted_ns: int, pushed_ns: int) -> None:
-        owner, loan = lease.owner, lease.loan
-        try:
-            loan.publish()
-        except ShmError:  # reclaimed meanwhile: its client is gone, nothing to send
-            self.control.count(Counter.CHUNKS_DROPPED, len(loan))
+    def _step(self, leases: list[Lease], emitted_ns: int) -> None:
+        owner = leases[0].owner
+        published: list[Lease] = []
+        for lease in leases:
+            try:
+                lease.loan.publish()
+                published.append(lease)
+            except ShmError:  # reclaimed meanwhile: its client is gone, nothing to send
+                self.control.count(Counter.CHUNKS_DROPPED, len(lease.loan))
+        if not published:
             return
+        slots, generations, sessions, chunks, generated, contiguous = _columns(published)
         live = self.table.connections.get(owner.index) is owner
-        handles = [owner.handles.get(s, -1) for s in lease.sessions] if live else [-1]
-        if min(handles) >= 0:
+        try:
+            handles = list(map(owner.handles.__getitem__, sessions)) if live else None
+        except KeyError:  # a session detached meanwhile: nobody reads these
+            handles = None
+        if handles is not None:
             record = encode_step(
-                loan.slots,
-                loan.generations,
-                lease.chunks,
-                lease.generated_ns,
+                slots,
+                generations,
+                chunks,
+                generated,
                 handles,
-                contiguous=loan.contiguous,
+                contiguous=contiguous,
                 emitted_ns=emitted_ns,
-                pushed_ns=pushed_ns,
             )
+            pushed = time.monotonic_ns()
+            stamp_pushed(record, pushed)
             if owner.send(record):
+                self.histogram.add(pushed - emitted_ns)
                 owner.emitted[handles] += 1
-                self._emitted += len(loan)
+                self._emitted += len(slots)
                 return
         # nobody will read them: give them back as their reader would
         with contextlib.suppress(ShmError):
-            release_slots(self.slab, loan.owner, loan.slots, loan.generations)
-        self.control.count(Counter.CHUNKS_DROPPED, len(loan))
+            release_slots(self.slab, owner.index, slots, generations)
+        self.control.count(Counter.CHUNKS_DROPPED, len(slots))
 
     def send(self, connection: Connection, notice: Notice) -> None:
         """An answer to one client; it never fails for its size (truncated to fit)."""
@@ -134,3 +150,27 @@ class Outbound:
         if self._emitted:
             self.control.count(Counter.CHUNKS, self._emitted)
             self._emitted = 0
+
+
+def _columns(
+    leases: list[Lease],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[str], list[int], Any, bool]:
+    """One owner's leases of one step as one record's columns (one lease: as it is)."""
+    if len(leases) == 1:
+        (lease,) = leases
+        loan = lease.loan
+        return (
+            loan.slots,
+            loan.generations,
+            lease.sessions,
+            lease.chunks,
+            lease.generated_ns,
+            loan.contiguous,
+        )
+    slots = np.concatenate([lease.loan.slots for lease in leases])
+    generations = np.concatenate([lease.loan.generations for lease in leases])
+    sessions = [s for lease in leases for s in lease.sessions]
+    chunks = [c for lease in leases for c in lease.chunks]
+    generated = [lease.generated_ns for lease in leases for _ in lease.sessions]
+    contiguous = bool(np.all(np.diff(slots.astype(np.int64)) == 1))
+    return slots, generations, sessions, chunks, generated, contiguous

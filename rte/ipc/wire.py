@@ -179,11 +179,14 @@ def encode_step(
     *,
     contiguous: bool,
     emitted_ns: int,
-    pushed_ns: int,
-) -> bytes:
-    """One STEP record for ``len(slots)`` chunks (the caller pushes it at ``pushed_ns``)."""
+) -> bytearray:
+    """One STEP record for ``len(slots)`` chunks; stamp it with :func:`stamp_pushed`
+    right before pushing it."""
     n = len(slots)
-    columns = np.empty(n * STEP_ROW_BYTES, np.uint8)
+    record = bytearray(STEP_AT + n * STEP_ROW_BYTES)
+    HEADER.pack_into(record, 0, RecordType.STEP, 0, 0, 0, 0)
+    STEP.pack_into(record, HEADER.size, n, int(contiguous), emitted_ns, 0, 0)
+    columns = np.frombuffer(record, np.uint8, offset=STEP_AT)
     at = 0
     for values, dtype in (
         (slots, _U64),
@@ -195,8 +198,12 @@ def encode_step(
         size = n * dtype.itemsize
         columns[at : at + size].view(dtype)[:] = values
         at += size
-    fixed = STEP.pack(n, int(contiguous), emitted_ns, pushed_ns, 0)
-    return HEADER.pack(RecordType.STEP, 0, 0, 0, 0) + fixed + columns.tobytes()
+    return record
+
+
+def stamp_pushed(record: bytearray, pushed_ns: int) -> None:
+    """Write when a STEP record is pushed into it (the last thing before the push)."""
+    _PUSHED.pack_into(record, _PUSHED_AT, pushed_ns)
 
 
 def decode_step(body: memoryview | bytes) -> StepRecord:
@@ -206,12 +213,18 @@ def decode_step(body: memoryview | bytes) -> StepRecord:
     n, flags, emitted, pushed, _ = STEP.unpack_from(body)
     if n < 1 or len(body) != STEP.size + n * STEP_ROW_BYTES:
         raise WireError(f"STEP of {n} chunks does not match its {len(body)} bytes")
-    columns = []
-    at = STEP.size
-    for dtype in (_U64, _U64, _I64, _I64, _U32):
-        columns.append(np.frombuffer(body, dtype, n, at))
-        at += n * dtype.itemsize
-    return StepRecord(bool(flags & 1), emitted, pushed, *columns)
+    words = np.frombuffer(body, _U64, 4 * n, STEP.size).reshape(4, n)
+    handles = np.frombuffer(body, _U32, n, STEP.size + 32 * n)
+    return StepRecord(
+        bool(flags & 1),
+        emitted,
+        pushed,
+        words[0],
+        words[1],
+        words[2].view(_I64),
+        words[3].view(_I64),
+        handles,
+    )
 
 
 def decode_reply(record: bytes) -> Notice | StepRecord:
@@ -282,3 +295,4 @@ def describe(record: bytes) -> str:
 _REPLIES = (RecordType.STEP, RecordType.NOTICE)
 _STEP_TYPE = bytes([RecordType.STEP])
 _U64, _I64, _U32 = np.dtype("<u8"), np.dtype("<i8"), np.dtype("<u4")
+_PUSHED, _PUSHED_AT = struct.Struct("<q"), HEADER.size + 16  # STEP's pushed_ns

@@ -1,0 +1,200 @@
+"""The README's benchmark tables, in markdown, from one ``python -m tools.bench --json`` run.
+
+    python -m tools.bench --json > bench.json && python -m tools.readme_tables bench.json
+    python -m tools.bench --json | python -m tools.readme_tables      # or from stdin
+
+Prints, for each suite the JSON holds, its tables (engine; e2e flat; e2e
+paced; transport round trip and latent handoff), each after an HTML comment
+naming it, so that every table in the README comes from the same run. A
+figure with a spread shows it as ``±x%`` (half the range over windows, in %
+of the median; see ``tools.report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tools.report import fmt_spread
+
+X = "\N{MULTIPLICATION SIGN}"  # ratios: "<X> floor"
+
+Row = dict[str, Any]
+
+
+def num(value: float | None) -> str:
+    """3 significant figures below 100, whole numbers with separators above."""
+    if value is None:
+        return ""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def with_spread(row: Row, key: str, scale: float = 1.0, sign: bool = False) -> str:
+    value = row[key] * scale
+    text = (f"{value:+,.0f}" if abs(value) >= 100 else f"{value:+.1f}") if sign else num(value)
+    spread = fmt_spread(row.get(f"{key}_spread"))
+    return f"{text} {spread}" if spread else text
+
+
+def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+    """A markdown table; ``align`` has one letter per column (l, r), default all r."""
+    align = align or "r" * len(header)
+    marks = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def engine(result: dict[str, Any]) -> str:
+    header = [
+        "sessions",
+        "step p50 µs",
+        "step p99 µs",
+        "per session µs",
+        f"{X} 1 session",
+        f"{X} floor",
+    ]
+    rows = [
+        [
+            str(r["sessions"]),
+            with_spread(r, "step_p50_us"),
+            num(r["step_p99_us"]),
+            num(r["per_session_us"]),
+            num(r["step_x_1_session"]),
+            with_spread(r, "overhead_x_floor"),
+        ]
+        for r in result["rows"]
+    ]
+    return table(header, rows)
+
+
+def _pair(r: Row, key: str, scale: float = 1.0, sign: bool = False) -> str:
+    """``p50 ±s% / p99`` of ``<key>_p50_us`` and ``<key>_p99_us``."""
+    p99 = r[f"{key}_p99_us"] * scale
+    p99_text = (f"{p99:+,.0f}" if abs(p99) >= 100 else f"{p99:+.1f}") if sign else num(p99)
+    return f"{with_spread(r, f'{key}_p50_us', scale, sign)} / {p99_text}"
+
+
+def e2e_flat(result: dict[str, Any]) -> str:
+    header = ["sessions", "in process p50 / p99 µs", "daemon p50 / p99 µs"]
+    header += ["added p50 / p99 µs", "in process chunks/s", "daemon chunks/s"]
+    rows = [
+        [
+            str(r["sessions"]),
+            _pair(r, "inproc"),
+            _pair(r, "daemon"),
+            _pair(r, "added", sign=True),
+            with_spread(r, "inproc_chunks_per_s"),
+            with_spread(r, "daemon_chunks_per_s"),
+        ]
+        for r in result["rows"]
+        if r["mode"] == "flat"
+    ]
+    return table(header, rows)
+
+
+def e2e_paced(result: dict[str, Any]) -> str:
+    header = ["sessions", "in process p50 / p99 ms", "daemon p50 / p99 ms", "added p50 / p99 µs"]
+    header += ["held p50 / p99 µs", "chunks/s in process / daemon", "client CPU %"]
+    ms = 1e-3
+    rows = [
+        [
+            str(r["sessions"]),
+            _pair(r, "inproc", ms),
+            _pair(r, "daemon", ms),
+            _pair(r, "added", sign=True),
+            _pair(r, "held"),
+            f"{num(r['inproc_chunks_per_s'])} / {with_spread(r, 'daemon_chunks_per_s')}",
+            with_spread(r, "client_cpu_pct"),
+        ]
+        for r in result["rows"]
+        if r["mode"] == "paced"
+    ]
+    return table(header, rows)
+
+
+def transport_round_trip(result: dict[str, Any]) -> str:
+    header = [
+        "64-byte round trip to another process",
+        "p50 µs",
+        "p99 µs",
+        f"{X} floor",
+        f"{X} ring",
+    ]
+    header += ["records/s (pipelined)"]
+    rows = [
+        [
+            r["peer"],
+            with_spread(r, "p50_us"),
+            num(r["p99_us"]),
+            num(r["x_floor"]),
+            num(r["x_ring"]),
+            with_spread(r, "records_per_s") if "records_per_s" in r else "",
+        ]
+        for r in result["round_trip_64B"]
+    ]
+    return table(header, rows, "l" + "r" * 5)
+
+
+def transport_latent(result: dict[str, Any]) -> str:
+    rows: list[Row] = result["latent_handoff"]
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    peers = list(dict.fromkeys(r["kind"] for r in rows))
+    cells = {(r["kind"], r["size"]): r for r in rows}
+    body = []
+    for kind in peers:
+        first = cells[(kind, sizes[0])]
+        if kind == "slab":
+            label = f"{first['peer']} (p50 µs)"
+            body.append([label, *(with_spread(cells[(kind, s)], "p50_us") for s in sizes)])
+        else:
+            body.append(
+                [f"{first['peer']} ({X} slab)", *(num(cells[(kind, s)]["x_slab"]) for s in sizes)]
+            )
+    return table(["handing a latent to another process", *sizes], body, "l" + "r" * len(sizes))
+
+
+TABLES: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
+    ("engine", "engine", engine),
+    ("e2e", "e2e flat", e2e_flat),
+    ("e2e", "e2e paced", e2e_paced),
+    ("transport", "transport round trip", transport_round_trip),
+    ("transport", "transport latent handoff", transport_latent),
+]
+
+
+def render(run: dict[str, Any]) -> str:
+    """Every table the run's JSON has suites for, with a line naming the run first."""
+    parts = [
+        f"<!-- from one `python -m tools.bench --json` run: {run.get('machine', '?')}, "
+        f"{run.get('date', '?')}, {run.get('windows', '?')} windows -->"
+    ]
+    for suite, name, make in TABLES:
+        if suite in run:
+            parts.append(f"<!-- {name} -->\n{make(run[suite])}")
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", nargs="?", default="-", help="the JSON (default: stdin)")
+    args = parser.parse_args(argv)
+    if args.file == "-":
+        run = json.load(sys.stdin)
+    else:
+        with open(args.file, encoding="utf-8") as f:
+            run = json.load(f)
+    if not any(suite in run for suite, _, _ in TABLES):
+        raise SystemExit(
+            "readme_tables: no suite in this JSON; make it with python -m tools.bench --json"
+        )
+    sys.stdout.write(render(run))
+
+
+if __name__ == "__main__":
+    main()
