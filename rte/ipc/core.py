@@ -49,6 +49,7 @@ IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and s
 ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
 TICK_SPIN_S = 0.0005  # a paced daemon spins this long before each tick
 IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
+BEAT_EVERY_S = 0.001  # the heartbeat and the step and chunk counters are written this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,8 @@ class DaemonCore:
         self.failure: BaseException | None = None
         self._next_scan = 0.0
         self._next_idle_check = 0.0
+        self._next_beat = 0.0
+        self._steps = 0  # steps since the counters were last written
         self._claims = -1
         self._orphans: set[str] = set()  # detached from their client, not from the engine
         self._next_orphan_retry = 0.0
@@ -123,8 +126,11 @@ class DaemonCore:
 
     def turn(self) -> bool:
         """One turn of the loop; True when some session stepped."""
-        self.control.beat()  # 1.
         now = time.monotonic()
+        if now >= self._next_beat:  # 1. (the heartbeat and counters say "seconds ago")
+            self._next_beat = now + BEAT_EVERY_S
+            self.control.beat()
+            self._count_steps()
         claims = self.control.claims
         if now >= self._next_scan or claims != self._claims:
             self._claims, self._next_scan = claims, now + SCAN_EVERY_S
@@ -134,18 +140,19 @@ class DaemonCore:
             self._retry_orphans(now)
         for connection in list(self.table.connections.values()):  # 2.
             try:
-                connection.flush()
+                if connection.backlog:
+                    connection.flush()
                 if connection.dropped and not connection.backlog:
                     self.out.tell_dropped(connection)
-                self._drain(connection)
+                if connection.inbox.used():
+                    self._drain(connection)
             except Exception:  # one client's traffic never ends the loop for everyone
                 log.exception("client %d broke the protocol: disconnected", connection.index)
                 self._reap(connection, reason="disconnected: protocol error", revoked=True)
         due = self.table.due()  # 3.
         if due:
             self.out.deliver(self.loop.step(due), None)
-            self.control.count(Counter.STEPS)
-        self.out.count_chunks()
+            self._steps += 1
         if now < self._next_idle_check:
             return bool(due)
         self._next_idle_check = now + IDLE_CHECK_EVERY_S
@@ -165,8 +172,16 @@ class DaemonCore:
             self.control.count(Counter.CLIENTS_DISCONNECTED)
         return bool(due)
 
+    def _count_steps(self) -> None:
+        """Add the steps and chunks since the last call to the daemon's counters."""
+        if self._steps:
+            self.control.count(Counter.STEPS, self._steps)
+            self._steps = 0
+        self.out.count_chunks()
+
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
+        self._count_steps()
         self.control.set_state(DaemonState.STOPPING)
         for session in [*self.router.owners, *self._orphans]:
             self._detach(session)

@@ -34,6 +34,7 @@ truncates a message (and says so) to fit the ring it goes to.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,25 +181,22 @@ def encode_step(
     contiguous: bool,
     emitted_ns: int,
 ) -> bytearray:
-    """One STEP record for ``len(slots)`` chunks; stamp it with :func:`stamp_pushed`
-    right before pushing it."""
+    """One STEP record for ``len(slots)`` chunks, packed in one call; stamp it with
+    :func:`stamp_pushed` right before pushing it."""
     n = len(slots)
+    generated = [generated_ns] * n if isinstance(generated_ns, int) else generated_ns
     record = bytearray(STEP_AT + n * STEP_ROW_BYTES)
     HEADER.pack_into(record, 0, RecordType.STEP, 0, 0, 0, 0)
     STEP.pack_into(record, HEADER.size, n, int(contiguous), emitted_ns, 0, 0)
-    columns = np.frombuffer(record, np.uint8, offset=STEP_AT)
-    at = 0
-    for values, dtype in (
-        (slots, _U64),
-        (generations, _U64),
-        (chunks, _I64),
-        (generated_ns, _I64),
-        (handles, _U32),
-    ):
-        size = n * dtype.itemsize
-        columns[at : at + size].view(dtype)[:] = values
-        at += size
+    _columns(n).pack_into(
+        record, STEP_AT, *slots.tolist(), *generations.tolist(), *chunks, *generated, *handles
+    )
     return record
+
+
+@functools.cache
+def _columns(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}Q{n}Q{n}q{n}q{n}I")
 
 
 def stamp_pushed(record: bytearray, pushed_ns: int) -> None:
