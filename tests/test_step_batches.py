@@ -22,7 +22,7 @@ from test_client import Engines
 
 from rte.client import ChunkBatch, EngineClient
 from rte.models.null import tag_of
-from shm import QuotaExceeded, Segment, Slab, SlabFull, StaleSlot
+from shm import ForeignSlot, QuotaExceeded, Segment, Slab, SlabFull, StaleSlot
 from shm.segment import HEADER_SIZE
 
 
@@ -105,6 +105,19 @@ def test_a_reader_checks_every_slot_and_gives_back_rows_alone(slab: Slab) -> Non
     assert slab.reclaim(0) == 2  # the owner is taken for dead meanwhile
     with pytest.raises(StaleSlot):
         sample.release()  # what was reclaimed is skipped, and said
+
+
+def test_a_batch_is_its_owners_alone(slab: Slab) -> None:
+    loan = slab.loan_batch(0, 2, "u1", (4,))
+    loan.publish()
+    foreign = slab.receive_batch(1, loan.slots, loan.generations, "u1", (4,))
+    with pytest.raises(ForeignSlot):
+        foreign.release()  # owner 1 cannot give back owner 0's slots
+    assert slab.held(0) == 2 and slab.statistics().foreign_refused == 2
+    mine = slab.receive_batch(0, loan.slots, loan.generations, "u1", (4,))
+    assert mine.release() == 2 and slab.held(0) == 0
+    with pytest.raises(StaleSlot):  # and a batch given back is nobody's to read
+        slab.receive_batch(0, loan.slots, loan.generations, "u1", (4,))
 
 
 # -- clients: poll_batch, on both forms ---------------------------------------------------
