@@ -89,7 +89,28 @@ def _rows(
     return False, None, views
 
 
-class BatchLoan:
+class _Slots:
+    """What a writer's and a reader's batch share: whose slots, which, and their bytes."""
+
+    __slots__ = ("_slab", "block", "contiguous", "generations", "owner", "slots")
+
+    def __init__(
+        self,
+        slab: Slab,
+        owner: int,
+        slots: np.ndarray[Any, Any],
+        generations: np.ndarray[Any, Any],
+    ) -> None:
+        self._slab = slab
+        self.owner = owner
+        self.slots = slots
+        self.generations = generations
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class BatchLoan(_Slots):
     """Slots the writer holds for one owner: write :attr:`rows`, then publish.
 
     Attributes:
@@ -101,16 +122,7 @@ class BatchLoan:
             contiguous): the slab's own memory, no copy.
     """
 
-    __slots__ = (
-        "_finished",
-        "_slab",
-        "block",
-        "contiguous",
-        "generations",
-        "owner",
-        "rows",
-        "slots",
-    )
+    __slots__ = ("_finished", "rows")
 
     def __init__(
         self,
@@ -121,19 +133,13 @@ class BatchLoan:
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
     ) -> None:
-        self._slab = slab
+        super().__init__(slab, owner, slots, generations)
         self._finished = False
-        self.owner = owner
-        self.slots = slots
-        self.generations = generations
         try:
             self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
         except BaseException:
             lib.shm_slab_abort_batch(slab._meta, _u64(slots), _u64(generations), len(slots))
             raise
-
-    def __len__(self) -> int:
-        return len(self.slots)
 
     def publish(self) -> None:
         """Make every slot readable (WRITING -> READY), in one call.
@@ -183,7 +189,7 @@ def loan_batch(
     return BatchLoan(slab, owner, slots, generations, dtype, shape)
 
 
-class BatchSample:
+class BatchSample(_Slots):
     """Published slots the reader holds: read :attr:`rows`, then release them.
 
     Attributes:
@@ -191,7 +197,7 @@ class BatchSample:
             :class:`BatchLoan`, read-only.
     """
 
-    __slots__ = ("_held", "_rows", "_slab", "block", "contiguous", "generations", "owner", "slots")
+    __slots__ = ("_held", "_rows")
 
     def __init__(
         self,
@@ -202,10 +208,7 @@ class BatchSample:
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
     ) -> None:
-        self._slab = slab
-        self.owner = owner
-        self.slots = slots
-        self.generations = generations
+        super().__init__(slab, owner, slots, generations)
         self.contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
         self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
 
@@ -215,9 +218,6 @@ class BatchSample:
         if not self._rows and self.block is not None:
             self._rows = list(self.block)
         return self._rows
-
-    def __len__(self) -> int:
-        return len(self.slots)
 
     @property
     def released(self) -> bool:

@@ -632,16 +632,22 @@ int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t 
     return run;
 }
 
-/* Publishes each slot (WRITING -> READY). Returns SHM_OK, or the first
-   refusal's code; every other slot is still published. */
-int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                               uint64_t n) {
+/* Applies `move` (publish or abort) to each slot. Returns SHM_OK, or the first
+   refusal's code; every other slot is still moved. */
+static int64_t slab_each(void *meta, const uint64_t *slots, const uint64_t *generations, uint64_t n,
+                         int (*move)(void *, uint64_t, uint64_t)) {
     int64_t first = SHM_OK;
     for (uint64_t k = 0; k < n; k++) {
-        int rc = shm_slab_publish(meta, slots[k], generations[k]);
+        int rc = move(meta, slots[k], generations[k]);
         if (rc && first == SHM_OK) first = rc;
     }
     return first;
+}
+
+/* Publishes each slot (WRITING -> READY): SHM_OK or the first refusal's code. */
+int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
+                               uint64_t n) {
+    return slab_each(meta, slots, generations, n, shm_slab_publish);
 }
 
 /* How many of the slots, from the first, are published at their generation
@@ -671,15 +677,10 @@ int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t
     return first;
 }
 
-/* Aborts each slot (WRITING -> FREE). Returns SHM_OK or the first refusal's code. */
+/* Aborts each slot (WRITING -> FREE): SHM_OK or the first refusal's code. */
 int64_t shm_slab_abort_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
                              uint64_t n) {
-    int64_t first = SHM_OK;
-    for (uint64_t k = 0; k < n; k++) {
-        int rc = shm_slab_abort(meta, slots[k], generations[k]);
-        if (rc && first == SHM_OK) first = rc;
-    }
-    return first;
+    return slab_each(meta, slots, generations, n, shm_slab_abort);
 }
 
 /* Frees every slot `owner` holds (a dead client's). Returns how many, or
