@@ -315,6 +315,25 @@ def test_a_new_client_in_a_used_slot_starts_with_clean_credit(shm_prefix: str) -
         assert d.stop() == 0, d.stderr
 
 
+def test_waiting_on_a_paced_daemon_with_nothing_coming_sleeps(shm_prefix: str) -> None:
+    # Regression: around each tick the client spins at most briefly; a caller polling
+    # once a period spun through the whole period when no record came (no credit left).
+    d = DaemonProcess(shm_prefix, "--model", "null", "--pace-hz", "50")
+    try:
+        with d.client() as client:
+            client.attach("a", credits=1)
+            kept = client.poll_batch(timeout=10)  # held: nothing more will come
+            assert kept is not None
+            cpu, began = time.process_time(), time.monotonic()
+            while time.monotonic() - began < 1.0:
+                assert client.poll_batch(timeout=0.02) is None
+            share = (time.process_time() - cpu) / (time.monotonic() - began)
+            assert share < 0.10, f"waiting took {share:.0%} of a core"  # the budget
+            kept.release()
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
 def test_delivery_latency_is_kept_for_inspect(shm_prefix: str) -> None:
     d = DaemonProcess(shm_prefix, "--model", "null", "--pace-hz", "200")
     try:

@@ -67,7 +67,7 @@ from shm.segment import HEADER_SIZE
 LIVENESS_EVERY_S = 0.1
 LEAVE_TIMEOUT_S = 1.0  # how long close() waits for the daemon to free our slot
 TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
-TICK_SPIN_NS = 2_000_000  # ... and spin at most this long past it before sleeping again
+TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
 
 
 @dataclass(frozen=True)
@@ -235,14 +235,15 @@ class ShmClient(EngineClient):
         if ring.used():
             return True
         deadline = time.monotonic() + timeout
-        tick = self._control.next_tick_ns if self._paced_wait else 0
+        tick = self._control.next_tick_ns if self._paced_wait and self.sessions else 0
         if tick:
             now = time.monotonic_ns()
             if tick - TICK_LEAD_NS > now:
                 nap = min(timeout, (tick - TICK_LEAD_NS - now) / 1e9)
                 if ring.wait_readable(nap, check, WaitPolicy.BLOCK):
                     return True
-            spin = min(deadline - time.monotonic(), (tick + TICK_SPIN_NS - now) / 1e9)
+            left = (tick + TICK_SPIN_NS - time.monotonic_ns()) / 1e9
+            spin = min(deadline - time.monotonic(), left)
             if spin > 0 and ring.wait_readable(spin, check, WaitPolicy.SPIN):
                 return True
         return ring.wait_readable(max(deadline - time.monotonic(), 0.0), check)
@@ -259,6 +260,7 @@ class ShmClient(EngineClient):
         handle = self._handle_of.pop(session, None)
         if handle is not None and self._names[handle] == session:
             self._names[handle] = None
+            self._tokens[handle] += 1  # its chunks released from now on credit nobody
 
     def _batch(self, step: StepRecord, taken: int) -> ChunkBatch:
         sessions = list(map(self._names.__getitem__, step.handles.tolist()))
