@@ -102,6 +102,8 @@ class Connection:
         # sessions' problem: the slab quota still bounds it); unbound handles have 0 credits
         ahead = self.emitted - self.block.consumed.view(np.int64)
         due = (ahead < self.credits) & (self.credits > 0)
+        if np.count_nonzero(due) == len(self.sessions):  # the usual case: all of them
+            return list(self.sessions)
         names = self.names
         return [names[h] for h in np.flatnonzero(due).tolist()]  # type: ignore[misc]
 

@@ -75,7 +75,7 @@ class DaemonCore:
         )
         self.router = Router(settings.credits)
         manifest = model.manifest()
-        self.allocator = SlabAllocator(shared.slab, manifest, self.router.owner_of)
+        self.allocator = SlabAllocator(shared.slab, manifest, self.router.owners.__getitem__)
         self.engine = ComposedEngine(model, allocator=self.allocator)
         self.loop = ServeLoop(self.engine)
         self.out = Outbound(shared.control, shared.slab, self.table, self.router, self.allocator)

@@ -35,10 +35,6 @@ class Router:
     def owner(self, session: str) -> Connection | None:
         return self.owners.get(session)
 
-    def owner_of(self, session: str) -> Connection:
-        """The connection a session's chunks go to (KeyError for an unowned one)."""
-        return self.owners[session]
-
     def refuse(self, requester: Connection, request: Request) -> str | None:
         """Why ``requester`` may not make ``request`` (None: it may)."""
         owner = self.owners.get(request.session)
