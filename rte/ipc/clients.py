@@ -66,12 +66,17 @@ class Connection:
     emitted: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     credits: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     next_handle: int = 0
+    # the handles of the last list of sessions sent a STEP record (see Outbound)
+    handle_cache: tuple[list[str], list[int], np.ndarray[Any, Any]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.block.consumed)
         self.names = [None] * n
         self.emitted = np.zeros(n, np.int64)
         self.credits = np.zeros(n, np.int64)  # 0: no session, never due
+        self._bound = np.zeros(n, bool)
+        self._ahead = np.zeros(n, np.int64)  # scratch of with_credit, every turn
+        self._due = np.zeros(n, bool)
 
     def bind(self, session: str, credits: int) -> int:
         """Give ``session`` a handle (the least recently used free one) and its credits."""
@@ -83,25 +88,30 @@ class Connection:
         else:
             raise RuntimeError(f"client {self.index} has no free session handle ({n})")
         self.next_handle = handle + 1
+        self.handle_cache = None
         self.names[handle] = session
         self.handles[session] = handle
         self.sessions.append(session)
         self.emitted[handle] = int(self.block.consumed[handle])  # counts from here
         self.credits[handle] = credits
+        self._bound[handle] = True
         return handle
 
     def unbind(self, session: str) -> None:
         handle = self.handles.pop(session)
+        self.handle_cache = None
         self.names[handle] = None
         self.credits[handle] = 0
+        self._bound[handle] = False
         self.sessions.remove(session)
 
     def with_credit(self) -> list[str]:
         """The sessions that may step: fewer chunks out than their credits."""
         # the client writes ``consumed`` (a stale or hostile count is only ever its own
         # sessions' problem: the slab quota still bounds it); unbound handles have 0 credits
-        ahead = self.emitted - self.block.consumed.view(np.int64)
-        due = (ahead < self.credits) & (self.credits > 0)
+        ahead = np.subtract(self.emitted, self.block.consumed.view(np.int64), out=self._ahead)
+        due = np.less(ahead, self.credits, out=self._due)
+        due &= self._bound
         if np.count_nonzero(due) == len(self.sessions):  # the usual case: all of them
             return list(self.sessions)
         names = self.names

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -56,11 +55,14 @@ class Outbound:
         self._emitted = 0
 
     def deliver(
-        self, items: Iterable[OutboxItem], requester: Connection | None, credits: int = 0
+        self, items: list[OutboxItem], requester: Connection | None, credits: int = 0
     ) -> None:
         """Chunks to their owners, a STEP record each; notices where the router
         says (``requester``: the client whose request produced them, if any, and
         ``credits`` what that request asked for)."""
+        if items and type(items[-1]) is StepResult:  # a step without errors: chunks only
+            self.steps(items[0].timing.emitted_ns)  # type: ignore[union-attr]
+            return
         stepped = False
         for item in items:
             if type(item) is StepResult:
@@ -104,11 +106,16 @@ class Outbound:
             return
         slots, generations, sessions, chunks, generated, contiguous = _columns(published)
         live = self.table.connections.get(owner.index) is owner
-        try:
-            handles = list(map(owner.handles.__getitem__, sessions)) if live else None
-        except KeyError:  # a session detached meanwhile: nobody reads these
-            handles = None
-        if handles is not None:
+        handles: list[int] | None = None
+        cached = owner.handle_cache  # the engine hands the same list step after step
+        if cached is not None and cached[0] is sessions:
+            handles, index = cached[1], cached[2]
+        elif live:
+            with contextlib.suppress(KeyError):  # a session detached meanwhile: nobody reads
+                handles = list(map(owner.handles.__getitem__, sessions))
+                index = np.array(handles, np.intp)
+                owner.handle_cache = (sessions, handles, index)
+        if handles is not None and live:
             record = encode_step(
                 slots,
                 generations,
@@ -122,7 +129,7 @@ class Outbound:
             stamp_pushed(record, pushed)
             if owner.send(record):
                 self.histogram.add(pushed - emitted_ns)
-                owner.emitted[handles] += 1
+                owner.emitted[index] += 1
                 self._emitted += len(slots)
                 return
         # nobody will read them: give them back as their reader would
