@@ -34,20 +34,46 @@ if TYPE_CHECKING:
 U64 = np.dtype(np.uint64)
 
 
-def _u64(array: np.ndarray[Any, Any]) -> Any:
-    """A ``uint64_t *`` over a uint64 array's own memory (read in place by the C)."""
+Words = np.ndarray[Any, Any] | memoryview  # uint64 slot numbers or generations
+
+
+def _u64(array: Words) -> Any:
+    """A ``uint64_t *`` over a uint64 array's (or ``memoryview`` 's) own memory,
+    read in place by the C."""
     return ffi.from_buffer("uint64_t[]", array)
 
 
 def block_view(
     slab: Slab, first: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
 ) -> np.ndarray[Any, Any]:
-    """Slots ``first .. first+n-1`` as one ``(n, *shape)`` array, strided by the slot size."""
+    """Slots ``first .. first+n-1`` as one ``(n, *shape)`` array, strided by the slot
+    size: one slice of the slab's :func:`typed` view."""
+    block: np.ndarray[Any, Any] = typed(slab, dtype, shape, readonly)[first : first + n]
+    return block
+
+
+def typed(
+    slab: Slab, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
+) -> np.ndarray[Any, Any]:
+    """Every slot as one ``(slots, *shape)`` array, strided by the slot size; made
+    once per dtype, shape and access (a batch is then one slice of it)."""
+    key = (dtype, shape, readonly)
+    view: np.ndarray[Any, Any] | None = slab._typed.get(key)
+    if view is None:
+        view = slab._typed[key] = _typed_view(slab, dtype, shape, readonly)
+    return view
+
+
+def _typed_view(
+    slab: Slab, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
+) -> np.ndarray[Any, Any]:
     mapping = slab.segment.mapping(readonly=readonly)
-    offset = slab.data_offset + first * slab.slot_size
-    inner = _strides(dtype.itemsize, shape)
     view: np.ndarray[Any, Any] = np.ndarray(
-        (n, *shape), dtype, buffer=mapping, offset=offset, strides=(slab.slot_size, *inner)
+        (slab.slots, *shape),
+        dtype,
+        buffer=mapping,
+        offset=slab.data_offset,
+        strides=(slab.slot_size, *_strides(dtype.itemsize, shape)),
     )
     if readonly:
         view.flags.writeable = False
@@ -66,7 +92,7 @@ def _strides(itemsize: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _rows(
     slab: Slab,
-    slots: np.ndarray[Any, Any],
+    slots: Words,
     dtype: np.dtype[Any],
     shape: tuple[int, ...],
     readonly: bool,
@@ -79,13 +105,8 @@ def _rows(
     if int(slots[-1]) - first == n - 1:  # ascending and distinct: one run
         block = block_view(slab, first, n, dtype, shape, readonly)
         return True, block, list(block) if split else []
-    count = math.prod(shape)
-    views = [
-        slab.segment.view(
-            slab.data_offset + int(s) * slab.slot_size, dtype, count, shape, readonly=readonly
-        )
-        for s in slots.tolist()
-    ]
+    every = typed(slab, dtype, shape, readonly)
+    views = [every[s] for s in slots.tolist()]
     return False, None, views
 
 
@@ -98,8 +119,8 @@ class _Slots:
         self,
         slab: Slab,
         owner: int,
-        slots: np.ndarray[Any, Any],
-        generations: np.ndarray[Any, Any],
+        slots: Words,
+        generations: Words,
     ) -> None:
         self._slab = slab
         self.owner = owner
@@ -203,8 +224,8 @@ class BatchSample(_Slots):
         self,
         slab: Slab,
         owner: int,
-        slots: np.ndarray[Any, Any],
-        generations: np.ndarray[Any, Any],
+        slots: Words,
+        generations: Words,
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
     ) -> None:
@@ -233,7 +254,8 @@ class BatchSample(_Slots):
         if self._held is None:
             slots, generations = self.slots, self.generations
         else:
-            slots, generations = self.slots[self._held], self.generations[self._held]
+            held = self._held
+            slots, generations = np.asarray(self.slots)[held], np.asarray(self.generations)[held]
         self._held = np.zeros(len(self.slots), bool)
         return self._release(slots, generations)
 
@@ -243,9 +265,9 @@ class BatchSample(_Slots):
             self._held = np.ones(len(self.slots), bool)
         rows = rows[self._held[rows]]
         self._held[rows] = False
-        return self._release(self.slots[rows], self.generations[rows])
+        return self._release(np.asarray(self.slots)[rows], np.asarray(self.generations)[rows])
 
-    def _release(self, slots: np.ndarray[Any, Any], generations: np.ndarray[Any, Any]) -> int:
+    def _release(self, slots: Words, generations: Words) -> int:
         n = len(slots)
         if not n:
             return 0
@@ -258,9 +280,7 @@ class BatchSample(_Slots):
         return int(done[0])
 
 
-def release_slots(
-    slab: Slab, owner: int, slots: np.ndarray[Any, Any], generations: np.ndarray[Any, Any]
-) -> int:
+def release_slots(slab: Slab, owner: int, slots: Words, generations: Words) -> int:
     """Release published slots of ``owner`` in one call, without viewing them (a
     writer giving back what no reader will take); returns how many were."""
     done = ffi.new("uint64_t *")
@@ -275,8 +295,8 @@ def release_slots(
 def receive_batch(
     slab: Slab,
     owner: int,
-    slots: np.ndarray[Any, Any],
-    generations: np.ndarray[Any, Any],
+    slots: Words,
+    generations: Words,
     dtype: np.dtype[Any],
     shape: tuple[int, ...],
 ) -> BatchSample:

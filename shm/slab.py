@@ -181,6 +181,7 @@ class Slab:
         self._pinned = False
         self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
         self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
+        self._typed: dict[tuple[Any, ...], Any] = {}  # shm.batch.typed's views
 
     @classmethod
     def open_reader(cls, name: str, offset: int, *, kind: int | None = None) -> Slab:
@@ -277,9 +278,8 @@ class Slab:
         self, owner: int, slots: Any, generations: Any, dtype: Any, shape: tuple[int, ...]
     ) -> BatchSample:
         """Published slots as read-only arrays (see :func:`shm.batch.receive_batch`)."""
-        return batch.receive_batch(
-            self, owner, slots, generations, self._layout_of(dtype, shape), shape
-        )
+        dt = self._layout_of(dtype, shape)
+        return batch.receive_batch(self, owner, slots, generations, dt, shape)
 
     def receive(self, ref: SlotRef, dtype: Any, shape: tuple[int, ...]) -> Sample:
         """The published slot ``ref`` as a read-only array of ``dtype`` and ``shape``.

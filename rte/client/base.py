@@ -194,7 +194,7 @@ class EngineClient(abc.ABC):
         latent = batch.latents[i]
         return Chunk(
             batch.sessions[i],
-            int(batch.chunks[i]),
+            batch.chunk_index(i),
             latent,
             batch.timing(i),
             _release_row,

@@ -36,11 +36,12 @@ class ChunkBatch:
 
     Attributes:
         sessions: the session of each row.
-        chunks: each row's chunk index (int64 array).
+        chunks: each row's chunk index (int64 array, made on first use).
         latents: ``(n, *shape)`` read-only array when :attr:`contiguous`,
             else a list of ``n`` read-only arrays. Valid until released.
         contiguous: whether :attr:`latents` is one array.
-        generated_ns: when each row's chunk began generating (int64 array).
+        generated_ns: when each row's chunk began generating (int64 array, made
+            on first use).
         emitted_ns: when the step returned the chunks (``time.monotonic_ns``).
         pushed_ns: when the transport handed them over (== emitted in process).
         taken_ns: when this client took them.
@@ -48,13 +49,13 @@ class ChunkBatch:
     """
 
     __slots__ = (
+        "_chunks",
+        "_generated",
         "_held",
         "_release",
         "_start",
-        "chunks",
         "contiguous",
         "emitted_ns",
-        "generated_ns",
         "latents",
         "lease",
         "pushed_ns",
@@ -65,9 +66,9 @@ class ChunkBatch:
     def __init__(
         self,
         sessions: list[str],
-        chunks: np.ndarray[Any, Any],
+        chunks: np.ndarray[Any, Any] | memoryview,
         latents: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]],
-        generated_ns: np.ndarray[Any, Any],
+        generated_ns: np.ndarray[Any, Any] | memoryview,
         *,
         emitted_ns: int,
         pushed_ns: int,
@@ -77,10 +78,10 @@ class ChunkBatch:
         start: int = 0,
     ) -> None:
         self.sessions = sessions
-        self.chunks = chunks
+        self._chunks = chunks  # int64s: NumPy arrays, or a record's memoryview until asked
         self.latents = latents
         self.contiguous = isinstance(latents, np.ndarray)
-        self.generated_ns = generated_ns
+        self._generated = generated_ns
         self.emitted_ns = emitted_ns
         self.pushed_ns = pushed_ns
         self.taken_ns = taken_ns
@@ -92,9 +93,27 @@ class ChunkBatch:
     def __len__(self) -> int:
         return len(self.sessions)
 
+    @property
+    def chunks(self) -> np.ndarray[Any, Any]:
+        """Each row's chunk index (int64; a view of the record over shared memory)."""
+        if not isinstance(self._chunks, np.ndarray):
+            self._chunks = np.asarray(self._chunks)
+        return self._chunks
+
+    @property
+    def generated_ns(self) -> np.ndarray[Any, Any]:
+        """When each row's chunk began generating (int64)."""
+        if not isinstance(self._generated, np.ndarray):
+            self._generated = np.asarray(self._generated)
+        return self._generated
+
+    def chunk_index(self, i: int) -> int:
+        """Row ``i``'s chunk index, without making the array."""
+        return int(self._chunks[i])
+
     def timing(self, i: int) -> Timing:
         """Row ``i``'s timestamps."""
-        return Timing(int(self.generated_ns[i]), self.emitted_ns, self.pushed_ns, self.taken_ns)
+        return Timing(int(self._generated[i]), self.emitted_ns, self.pushed_ns, self.taken_ns)
 
     # -- giving back ---------------------------------------------------------
 
@@ -135,9 +154,9 @@ class ChunkBatch:
         poll_batch hands out after poll took the first rows."""
         rest = ChunkBatch(
             self.sessions[start:],
-            self.chunks[start:],
+            self._chunks[start:],
             self.latents[start:],
-            self.generated_ns[start:],
+            self._generated[start:],
             emitted_ns=self.emitted_ns,
             pushed_ns=self.pushed_ns,
             taken_ns=self.taken_ns,

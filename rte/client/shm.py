@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -43,7 +42,14 @@ from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, Wir
 from rte.ipc.claims import ClientState
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState
 from rte.ipc.names import DaemonNames
-from rte.ipc.wire import Bye, StepRecord, decode_reply, encode_request, reply_handle
+from rte.ipc.wire import (
+    Bye,
+    StepColumns,
+    decode_reply,
+    encode_request,
+    reply_handle,
+    step_columns,
+)
 from rte.serve import Request
 from shm import (
     BatchSample,
@@ -70,13 +76,15 @@ TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, t
 TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
 
 
-@dataclass(frozen=True)
 class _Lease:
     """A batch's hold on its slots, and which sessions (handle, binding) it credits."""
 
-    sample: BatchSample
-    handles: np.ndarray[Any, Any]
-    tokens: np.ndarray[Any, Any]
+    __slots__ = ("handles", "sample", "tokens")
+
+    def __init__(self, sample: BatchSample, handles: list[int], tokens: list[int]) -> None:
+        self.sample = sample
+        self.handles = handles
+        self.tokens = tokens
 
 
 class ShmClient(EngineClient):
@@ -127,7 +135,7 @@ class ShmClient(EngineClient):
         sessions = self._control.layout.max_sessions
         self._names: list[str | None] = [None] * sessions  # by handle, as ATTACHED said
         self._handle_of: dict[str, int] = {}
-        self._tokens = np.zeros(sessions, np.int64)  # bindings of each handle so far
+        self._tokens = [0] * sessions  # bindings of each handle so far
 
     def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> None:
         """Claim a client slot, set up its rings, and activate it (claiming again
@@ -215,16 +223,18 @@ class ShmClient(EngineClient):
         out: list[ChunkBatch | Notice] = []
         for raw in records:
             try:
-                item = decode_reply(raw)
-                if isinstance(item, StepRecord):
-                    out.append(self._batch(item, taken))
+                step = step_columns(raw)  # the hot path: no NumPy call until the latents
+                if step is not None:
+                    out.append(self._batch(step, taken))
                     continue
+                item = decode_reply(raw)
+                assert isinstance(item, Notice)
                 out.append(item)
                 if item.kind is NoticeKind.ATTACHED:
                     self._bind(item.session, reply_handle(raw))
                 elif item.kind is NoticeKind.DETACHED:
                     self._unbind(item.session)
-            except (WireError, ShmError, ValueError, IndexError) as exc:
+            except (WireError, ShmError, ValueError, IndexError, TypeError) as exc:
                 out.append(Notice("", NoticeKind.ERROR, f"unreadable record: {exc}"))
         return out
 
@@ -262,15 +272,16 @@ class ShmClient(EngineClient):
             self._names[handle] = None
             self._tokens[handle] += 1  # its chunks released from now on credit nobody
 
-    def _batch(self, step: StepRecord, taken: int) -> ChunkBatch:
-        sessions = list(map(self._names.__getitem__, step.handles.tolist()))
+    def _batch(self, step: StepColumns, taken: int) -> ChunkBatch:
+        handles = step.handles
+        sessions = list(map(self._names.__getitem__, handles))
         if None in sessions:
-            raise WireError(f"STEP names handles {step.handles.tolist()}, not all attached")
+            raise WireError(f"STEP names handles {handles}, not all attached")
         sample = self._slab.receive_batch(
             self.index, step.slots, step.generations, self._dtype, self._shape
         )
         self._block.histogram.add(taken - step.pushed_ns)
-        lease = _Lease(sample, step.handles, self._tokens[step.handles])
+        lease = _Lease(sample, handles, list(map(self._tokens.__getitem__, handles)))
         latents = sample.block if sample.block is not None else sample.rows
         return ChunkBatch(
             cast(list[str], sessions),  # no None left: checked above
@@ -294,16 +305,11 @@ class ShmClient(EngineClient):
                 lease.sample.release_rows(rows)
         except (StaleSlot, ForeignSlot):
             return  # not ours any more (reclaimed): nothing to give back or credit
-        handles, tokens = (
-            (lease.handles, lease.tokens)
-            if whole
-            else (
-                lease.handles[rows],
-                lease.tokens[rows],
-            )
-        )
-        bound = self._tokens[handles] == tokens  # not reset or detached since
-        self._block.consumed[handles if bound.all() else handles[bound]] += 1
+        tokens, tally = self._tokens, self._block.tally
+        for row in range(len(rows)) if whole else rows.tolist():
+            handle = lease.handles[row]
+            if tokens[handle] == lease.tokens[row]:  # not reset or detached since
+                tally[handle] += 1
         if self._block.feed():  # the daemon sleeps for want of our credits
             self._bell.ring()
 

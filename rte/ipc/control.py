@@ -93,12 +93,12 @@ class ClientBlock:
     """
 
     def __init__(self, segment: Segment, offset: int, max_sessions: int) -> None:
-        words = np.frombuffer(
-            segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions)), dtype=np.uint64
-        )
+        raw = segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions))
+        words = raw.cast("Q")  # the client's per-chunk view: plain words, no NumPy call
         self.starved = segment.word(offset + 8 * _STARVED)
         self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
-        self.consumed = words[_CONSUMED:]
+        self.tally = words[_CONSUMED:]  # the client adds to these
+        self.consumed = np.frombuffer(raw, dtype=np.uint64)[_CONSUMED:]  # the daemon reads
 
     @staticmethod
     def size(max_sessions: int) -> int:
@@ -270,14 +270,13 @@ class Control:
         """Client slot ``client``'s pushed-to-taken delivery times (readable read-only)."""
         layout = self.layout
         at = layout.client_block(client) + 8 * _CLIENT_HISTOGRAM
-        words = np.frombuffer(self.segment.bytes_at(at, 8 * latency.BUCKETS), dtype=np.uint64)
-        return latency.Histogram(words)
+        return latency.Histogram(self.segment.bytes_at(at, 8 * latency.BUCKETS).cast("Q"))
 
     @property
     def histogram(self) -> latency.Histogram:
         """The daemon's emitted-to-pushed delivery times."""
         raw = self.segment.bytes_at(self.layout.block + _HISTOGRAM, 8 * latency.BUCKETS)
-        return latency.Histogram(np.frombuffer(raw, dtype=np.uint64))
+        return latency.Histogram(raw.cast("Q"))
 
     @property
     def next_tick_ns(self) -> int:

@@ -26,7 +26,7 @@ from rte.ipc.router import Router
 from rte.ipc.wire import encode_notice, encode_step, stamp_pushed
 from rte.serve import OutboxItem
 from shm import ShmError, Slab
-from shm.batch import release_slots
+from shm.batch import Words, release_slots
 
 _COUNTED = {
     NoticeKind.ERROR: Counter.ERRORS,
@@ -161,7 +161,7 @@ class Outbound:
 
 def _columns(
     leases: list[Lease],
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[str], list[int], Any, bool]:
+) -> tuple[Words, Words, list[str], list[int], Any, bool]:
     """One owner's leases of one step as one record's columns (one lease: as it is)."""
     if len(leases) == 1:
         (lease,) = leases

@@ -38,7 +38,7 @@ import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -172,8 +172,8 @@ def encode_notice(notice: Notice, limit: int, handle: int = 0) -> bytes:
 
 
 def encode_step(
-    slots: np.ndarray[Any, Any],
-    generations: np.ndarray[Any, Any],
+    slots: np.ndarray[Any, Any] | memoryview,
+    generations: np.ndarray[Any, Any] | memoryview,
     chunks: Sequence[int],
     generated_ns: int | Sequence[int],
     handles: Sequence[int],
@@ -222,6 +222,46 @@ def decode_step(body: memoryview | bytes) -> StepRecord:
         words[2].view(_I64),
         words[3].view(_I64),
         handles,
+    )
+
+
+class StepColumns(NamedTuple):
+    """A STEP record's columns as ``memoryview`` s of the record (no NumPy call:
+    the client's path from the ring to a batch). ``slots`` and ``generations``
+    are unsigned words the C reads in place; ``chunks`` and ``generated_ns``
+    signed; ``handles`` a list."""
+
+    contiguous: bool
+    emitted_ns: int
+    pushed_ns: int
+    slots: memoryview
+    generations: memoryview
+    chunks: memoryview
+    generated_ns: memoryview
+    handles: list[int]
+
+
+def step_columns(record: bytes) -> StepColumns | None:
+    """The columns of a STEP record (None for any other record; WireError for a
+    STEP whose size does not match its count)."""
+    if record[:1] != _STEP_TYPE:
+        return None
+    if len(record) < STEP_AT:
+        raise WireError("STEP record is too short")
+    n, flags, emitted, pushed, _ = STEP.unpack_from(record, HEADER.size)
+    if n < 1 or len(record) != STEP_AT + n * STEP_ROW_BYTES:
+        raise WireError(f"STEP of {n} chunks does not match its {len(record)} bytes")
+    view = memoryview(record)
+    words = view[STEP_AT : STEP_AT + 32 * n]
+    return StepColumns(
+        bool(flags & 1),
+        emitted,
+        pushed,
+        words[: 8 * n].cast("Q"),
+        words[8 * n : 16 * n].cast("Q"),
+        words[16 * n : 24 * n].cast("q"),
+        words[24 * n :].cast("q"),
+        view[STEP_AT + 32 * n :].cast("I").tolist(),
     )
 
 
