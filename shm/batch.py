@@ -8,11 +8,14 @@ device-to-host copy. :meth:`BatchLoan.publish` makes them readable in one call.
 The reader rebuilds the batch from the slot numbers and generations the writer
 sent (:func:`receive_batch`: one call checks every slot is published at that
 generation) and gives it back with :meth:`BatchSample.release`, one call, or
-row by row with :meth:`BatchSample.release_row`.
+some rows with :meth:`BatchSample.release_rows`.
 
-Slot numbers and generations travel as two ``uint64`` arrays: the C reads them
-in place (``ffi.from_buffer``), so a batch costs no Python object per slot on
-either side. The per-slot forms are :class:`shm.slab.Loan` and
+Slot numbers and generations travel as two columns of ``uint64`` words (a
+``memoryview``, or a NumPy array): the C reads them in place
+(``ffi.from_buffer``), so a batch costs no Python object per slot on either
+side, and the hot paths make no NumPy call but the one view of the slots
+(:func:`typed`; a paced step runs cold, where each NumPy call costs tens of
+microseconds). The per-slot forms are :class:`shm.slab.Loan` and
 :class:`shm.slab.Sample`.
 """
 
@@ -30,8 +33,6 @@ from shm.native import ffi, lib
 
 if TYPE_CHECKING:
     from shm.slab import Slab
-
-U64 = np.dtype(np.uint64)
 
 
 Words = np.ndarray[Any, Any] | memoryview  # uint64 slot numbers or generations
@@ -136,7 +137,8 @@ class BatchLoan(_Slots):
 
     Attributes:
         owner: the owner the slots are charged to.
-        slots, generations: the slots and their generations (``uint64`` arrays).
+        slots, generations: the slots and their generations (``uint64`` words: a
+            ``memoryview`` or a NumPy array).
         contiguous: whether the slots are one run (then :attr:`block` is set).
         block: the run as one writable ``(n, *shape)`` array, or None.
         rows: one writable array per slot, in order (views of the block when
@@ -149,8 +151,8 @@ class BatchLoan(_Slots):
         self,
         slab: Slab,
         owner: int,
-        slots: np.ndarray[Any, Any],
-        generations: np.ndarray[Any, Any],
+        slots: Words,
+        generations: Words,
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
     ) -> None:
@@ -200,8 +202,10 @@ def loan_batch(
         raise ValueError(f"a batch needs at least one slot, got {n}")
     if dtype.itemsize * math.prod(shape) > slab.slot_size:
         raise ValueError(f"{dtype} {shape} exceeds a slot of {slab.segment.name}")
-    slots = np.empty(n, U64)
-    generations = np.empty(n, U64)
+    # plain words (memoryviews), not NumPy arrays: a paced turn runs cold, where
+    # every NumPy call costs tens of microseconds
+    slots = memoryview(bytearray(8 * n)).cast("Q")
+    generations = memoryview(bytearray(8 * n)).cast("Q")
     rc = lib.shm_slab_acquire_batch(
         slab._meta, owner, n, time.monotonic_ns(), _u64(slots), _u64(generations)
     )

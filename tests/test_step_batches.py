@@ -94,7 +94,7 @@ def test_a_batch_is_all_or_nothing(slab: Slab) -> None:
 def test_a_reader_checks_every_slot_and_gives_back_rows_alone(slab: Slab) -> None:
     loan = slab.loan_batch(0, 4, "u1", (8,))
     loan.publish()
-    stale = loan.generations.copy()
+    stale = np.array(loan.generations)
     stale[2] += 1
     with pytest.raises(StaleSlot, match="slot 2 generation"):
         slab.receive_batch(0, loan.slots, stale, "u1", (8,))
