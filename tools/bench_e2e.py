@@ -107,9 +107,7 @@ def _due_at(anchor_ns: int, phase_ns: int, period_ns: int) -> int:
 
 
 def _sleep_until(at_ns: int) -> None:
-    delay = at_ns - time.monotonic_ns()
-    if delay > 0:
-        time.sleep(delay / 1e9)
+    time.sleep(max(at_ns - time.monotonic_ns(), 0) / 1e9)
 
 
 def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> dict[str, Any]:
@@ -260,6 +258,15 @@ def _delivery_ns(batch: ChunkBatch, held_ns: int) -> int:
     return held_ns - batch.emitted_ns
 
 
+def _consume_until(client: EngineClient, at_ns: int) -> None:
+    """Take and release what comes until ``at_ns``, as an interactive caller (and
+    the in-process callback) does: a chunk left unread holds its session's credit."""
+    while (left := at_ns - time.monotonic_ns()) > 0:
+        batch = client.poll_batch(timeout=left / 1e9)
+        if batch is not None:
+            batch.release()
+
+
 def through_daemon(
     client: EngineClient, names: list[str], rounds: int, tags: Tags, period_ns: int = 0
 ) -> list[int]:
@@ -271,7 +278,7 @@ def through_daemon(
     for r in range(rounds):
         session, tag = names[r % len(names)], next(tags)
         if period_ns:
-            _sleep_until(_due_at(anchor, phases[r], period_ns))
+            _consume_until(client, _due_at(anchor, phases[r], period_ns))
         t0 = time.monotonic_ns()
         client.act(session, {"tag": tag})
         held_ns, anchor = _drain_until(client, session, tag)
