@@ -107,7 +107,8 @@ def _due_at(anchor_ns: int, phase_ns: int, period_ns: int) -> int:
 
 
 def _sleep_until(at_ns: int) -> None:
-    time.sleep(max(at_ns - time.monotonic_ns(), 0) / 1e9)
+    if (delay := at_ns - time.monotonic_ns()) > 0:  # never sleep(0): it yields the core
+        time.sleep(delay / 1e9)
 
 
 def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> dict[str, Any]:
