@@ -17,7 +17,7 @@ from rte.ipc.wire import (
     MAX_SESSION_BYTES,
     Bye,
     RecordType,
-    StepRecord,
+    StepColumns,
     decode_reply,
     decode_request,
     describe,
@@ -68,12 +68,12 @@ def test_replies_round_trip_and_notice_kinds_are_one_to_one() -> None:
     record = encode_step(slots, generations, [5, 6], 10, [2, 0], contiguous=True, emitted_ns=20)
     stamp_pushed(record, 30)
     step = decode_reply(bytes(record))
-    assert isinstance(step, StepRecord) and len(step) == 2 and step.contiguous
+    assert isinstance(step, StepColumns) and step.contiguous
     assert (step.emitted_ns, step.pushed_ns) == (20, 30)
     assert step.slots.tolist() == [3, 4] and step.generations.tolist() == [9, 1]
     assert step.chunks.tolist() == [5, 6] and step.generated_ns.tolist() == [10, 10]
-    assert step.handles.tolist() == [2, 0]
-    assert step.slots.ctypes.data % 8 == 0  # the C reads the columns in place
+    assert step.handles == [2, 0]
+    assert np.asarray(step.slots).ctypes.data % 8 == 0  # the C reads the columns in place
     assert "STEP 2 chunks, handles=[2, 0]" in describe(bytes(record))
     assert "undecodable" in describe(b"\xff")
 

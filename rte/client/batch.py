@@ -146,9 +146,6 @@ class ChunkBatch:
     def released(self) -> bool:
         return self._release is None
 
-    def is_held(self, i: int) -> bool:
-        return self._release is not None and (self._held is None or bool(self._held[i]))
-
     def tail(self, start: int) -> ChunkBatch:
         """Rows ``start`` onwards as a batch of their own (same lease): what
         poll_batch hands out after poll took the first rows."""

@@ -48,7 +48,6 @@ from rte.ipc.wire import (
     decode_reply,
     encode_request,
     reply_handle,
-    step_columns,
 )
 from rte.serve import Request
 from shm import (
@@ -223,12 +222,10 @@ class ShmClient(EngineClient):
         out: list[ChunkBatch | Notice] = []
         for raw in records:
             try:
-                step = step_columns(raw)  # the hot path: no NumPy call until the latents
-                if step is not None:
-                    out.append(self._batch(step, taken))
+                item = decode_reply(raw)  # a STEP: its columns, no NumPy call
+                if isinstance(item, StepColumns):
+                    out.append(self._batch(item, taken))
                     continue
-                item = decode_reply(raw)
-                assert isinstance(item, Notice)
                 out.append(item)
                 if item.kind is NoticeKind.ATTACHED:
                     self._bind(item.session, reply_handle(raw))

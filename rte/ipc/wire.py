@@ -15,8 +15,8 @@ are the codes) and a message; an ATTACHED notice's ``handle`` is the small
 number by which STEP records name that session until it is DETACHED.
 
 STEP is one record per client and step, however many chunks: where they lie
-in the slab, as columns the client reads in place with NumPy (no Python
-object per chunk):
+in the slab, as columns the client reads in place (``memoryview`` s of the
+record: no Python object per chunk, no NumPy call):
 
     fixed    n u32 | flags u32 (1: the slots are one run) | emitted_ns i64 |
              pushed_ns i64 | reserved u32
@@ -71,24 +71,6 @@ MAX_CREDITS = 255
 MAX_SESSION_BYTES = 256
 TRUNCATED = " [truncated]"
 _CONDITIONED = (RecordType.ATTACH, RecordType.ACT, RecordType.RESET)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """A step's chunks for one client, as a STEP record says: columns are NumPy
-    views of the record (read-only), one row per chunk."""
-
-    contiguous: bool
-    emitted_ns: int
-    pushed_ns: int
-    slots: np.ndarray[Any, Any]  # uint64
-    generations: np.ndarray[Any, Any]  # uint64
-    chunks: np.ndarray[Any, Any]  # int64
-    generated_ns: np.ndarray[Any, Any]  # int64
-    handles: np.ndarray[Any, Any]  # uint32
-
-    def __len__(self) -> int:
-        return len(self.slots)
 
 
 def _header(kind: RecordType, session: str, seq: int, code: int = 0) -> bytes:
@@ -204,27 +186,6 @@ def stamp_pushed(record: bytearray, pushed_ns: int) -> None:
     _PUSHED.pack_into(record, _PUSHED_AT, pushed_ns)
 
 
-def decode_step(body: memoryview | bytes) -> StepRecord:
-    """The columns of a STEP body (after the header) as read-only NumPy views."""
-    if len(body) < STEP.size:
-        raise WireError("STEP body is too short")
-    n, flags, emitted, pushed, _ = STEP.unpack_from(body)
-    if n < 1 or len(body) != STEP.size + n * STEP_ROW_BYTES:
-        raise WireError(f"STEP of {n} chunks does not match its {len(body)} bytes")
-    words = np.frombuffer(body, _U64, 4 * n, STEP.size).reshape(4, n)
-    handles = np.frombuffer(body, _U32, n, STEP.size + 32 * n)
-    return StepRecord(
-        bool(flags & 1),
-        emitted,
-        pushed,
-        words[0],
-        words[1],
-        words[2].view(_I64),
-        words[3].view(_I64),
-        handles,
-    )
-
-
 class StepColumns(NamedTuple):
     """A STEP record's columns as ``memoryview`` s of the record (no NumPy call:
     the client's path from the ring to a batch). ``slots`` and ``generations``
@@ -265,10 +226,11 @@ def step_columns(record: bytes) -> StepColumns | None:
     )
 
 
-def decode_reply(record: bytes) -> Notice | StepRecord:
+def decode_reply(record: bytes) -> Notice | StepColumns:
     """Decode one daemon record; WireError for anything else."""
-    if record[:1] == _STEP_TYPE and len(record) >= HEADER.size:  # the hot path
-        return decode_step(memoryview(record)[HEADER.size :])
+    step = step_columns(record)
+    if step is not None:
+        return step
     kind, code, session, seq, body = _split(record)
     if kind is RecordType.NOTICE:
         try:
@@ -317,10 +279,10 @@ def describe(record: bytes) -> str:
         decoded: Any = decode_reply(record) if is_reply else decode_request(record)
     except Exception as exc:  # a tool must show any bytes, however broken
         return f"<undecodable {len(record)} bytes: {exc}>"
-    if isinstance(decoded, StepRecord):
+    if isinstance(decoded, StepColumns):
         run = "one run" if decoded.contiguous else "scattered"
         return (
-            f"STEP {len(decoded)} chunks, handles={decoded.handles.tolist()} "
+            f"STEP {len(decoded.handles)} chunks, handles={decoded.handles} "
             f"chunks={decoded.chunks.tolist()} slots={decoded.slots.tolist()} ({run})"
         )
     if isinstance(decoded, Notice):
@@ -332,5 +294,4 @@ def describe(record: bytes) -> str:
 
 _REPLIES = (RecordType.STEP, RecordType.NOTICE)
 _STEP_TYPE = bytes([RecordType.STEP])
-_U64, _I64, _U32 = np.dtype("<u8"), np.dtype("<i8"), np.dtype("<u4")
 _PUSHED, _PUSHED_AT = struct.Struct("<q"), HEADER.size + 16  # STEP's pushed_ns
