@@ -1,29 +1,26 @@
 """ComposedEngine: the batching machinery, written once, that turns a StageModel
 into a lockstep cohort.
 
-A model is a :class:`~rte.stages.StageModel`: a manifest, an ordered list of lane-tagged
+A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
 :class:`Stage` s, and ``seed``/``detach``. The engine owns everything else:
 
-* **Arena.** ``max_sessions`` fixed rows; attach takes the lowest free row.
+* **Arena.** ``max_sessions`` fixed rows (:mod:`rte.arena`); attach takes the lowest free.
 * **Arming.** New rows wait as pending until ``seed_ready(pending)``; then
-  ``seed`` runs once for the whole pending set on the HOT lane, at a step
-  boundary. Residents keep their in-flight output across a join.
+  ``seed`` runs once for the whole pending set on HOT, at a step boundary.
 * **Pipelining.** With ``pipeline_depth_chunks == 2``, DEFERRED decodes chunk
-  N-1 while HOT makes chunk N: the first step emits nothing. The in-flight
-  output is held per HOT batch (:class:`~rte.stages.InFlight`), so a detach
-  removes only its own row and a due subset decodes only its own rows.
-* **The common step.** A due list resolves to a plan (its rows; the rows,
-  sessions and conditioning of its HOT batch), cached until the arena changes.
-  The same due list again decodes last step's HOT batch whole and makes its
-  results in one pass: no per-row bookkeeping.
+  N-1 while HOT makes chunk N: the first step emits nothing. In-flight output is
+  held per HOT batch (:class:`~rte.stages.InFlight`), so a detach removes only
+  its own row and a due subset decodes only its own rows.
+* **The common step.** A due list resolves to a cached plan; the same due list
+  again decodes last step's HOT batch whole: no per-row bookkeeping.
 * **Bystander isolation.** A changed heavy key sends its row through ENCODE
   (asynchronous); the row sits out until the encode completes, then rejoins
   with the new value. Other rows keep advancing meanwhile.
 * **Failure boundary.** A failure in seed or any stage propagates only after
   every lane is drained, and the in-flight output is discarded: nothing is ever
-  emitted stale or twice. Chunk indices stay strictly increasing per session; a
-  gap marks chunks that were discarded. A failed detach drains the lanes and
-  leaves its session attached (to retry); other rows keep their output.
+  emitted stale or twice; a gap in a session's chunk indices marks discarded
+  chunks. A failed detach leaves its session attached (to retry). A device that
+  stays failed (a sticky CUDA error) ends the engine: :class:`EngineFault`.
 
 Every method is called from one thread, the stepping thread.
 """
@@ -33,14 +30,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rte.arena import Plan, Row
 from rte.contract import Action, Manifest, ResultKind, StepResult, Timing
-from rte.errors import AdmissionError, EngineClosedError, UnknownSessionError
-from rte.lanes import Completion, Lane, Lanes, make_lanes
+from rte.errors import AdmissionError, EngineClosedError, EngineFault, UnknownSessionError
+from rte.lanes import Lane, Lanes, LanesFault, make_lanes
 from rte.stages import (
     Batch,
     HeapAllocator,
@@ -54,44 +51,14 @@ from rte.stages import (
 _MISSING = object()
 
 
-@dataclass(eq=False)
-class _Row:
-    index: int
-    session: str
-    conditioning: dict[str, Any]  # replaced on change, never mutated: batches share it
-    armed: bool = False
-    encoding: Completion | None = None  # the encode of ``encoding_values`` under way
-    encoding_values: dict[str, Any] = field(default_factory=dict)
-    staged: dict[str, Any] = field(default_factory=dict)  # heavy changes not yet encoding
-
-
-class _Plan:
-    """What a due list resolves to while the arena is unchanged (``gen``)."""
-
-    def __init__(self, due: tuple[str, ...], gen: int, rows: list[_Row], active: list[_Row]):
-        self.due = due
-        self.gen = gen
-        self.rows = rows  # the due rows, once each, in due order
-        self.active = active  # those not refused an action this step
-        self.index = [r.index for r in rows]
-        self.hot = [r for r in active if r.armed and r.encoding is None]
-        # ``hot_index is index`` says that every due row is in the HOT batch, in due order
-        self.hot_index = self.index if len(self.hot) == len(rows) else [r.index for r in self.hot]
-        self.hot_sessions = [r.session for r in self.hot]
-        self.hot_at = np.array(self.hot_index, np.intp)
-        self.conditioning: list[dict[str, Any]] = []
-        self.conditioning_gen = -1
-
-
 class ComposedEngine:
     """A Level-1 engine over a :class:`StageModel`.
 
     Args:
         model: the model.
-        midrun_attach: when False, attach raises AdmissionError while any
-            session is seeded; the arena must drain before new arrivals.
-        lanes: ``"auto"`` (CUDA streams when torch with CUDA is already
-            imported), ``"cpu"``, ``"cuda"``, or a :class:`Lanes` instance.
+        midrun_attach: when False, attach raises AdmissionError while any session is seeded.
+        lanes: ``"auto"`` (CUDA streams for a model whose ``device`` is CUDA),
+            ``"cpu"``, ``"cuda"``, ``"sim"``, or a :class:`Lanes` instance.
         allocator: where chunks are written; default :class:`HeapAllocator`.
     """
 
@@ -122,16 +89,18 @@ class ComposedEngine:
                 "but has no ENCODE stage to encode them"
             )
         self._midrun_attach = midrun_attach
-        self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes)
+        device = str(getattr(model, "device", "cpu"))
+        self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes, device)
         self._output = InFlight(allocator or HeapAllocator(self._manifest))
-        self._rows: list[_Row | None] = [None] * self._manifest.max_sessions
+        self._rows: list[Row | None] = [None] * self._manifest.max_sessions
         self._age = np.zeros(self._manifest.max_sessions, np.int64)  # chunks generated, per row
-        self._by_session: dict[str, _Row] = {}
+        self._by_session: dict[str, Row] = {}
         self._quiet = True  # no row pending, encoding or with a heavy change staged
         self._gen = 0  # bumped by attach, detach, arming and encodes: a cached plan is stale
         self._conditioning_gen = 0  # bumped by every change of a row's conditioning
-        self._plan: _Plan | None = None
+        self._plan: Plan | None = None
         self._closed = False
+        self._fault: LanesFault | None = None  # the device failed: every call refused
 
     # -- Level 1 ----------------------------------------------------------
 
@@ -155,7 +124,7 @@ class ComposedEngine:
                 "detach a session or retry later"
             )
         check_conditioning(self._model, self._keys, conditioning or {})
-        row = _Row(free, session, copy.deepcopy(dict(conditioning or {})))
+        row = Row(free, session, copy.deepcopy(dict(conditioning or {})))
         self._rows[free] = row
         self._by_session[session] = row
         self._age[free] = 0
@@ -203,14 +172,15 @@ class ComposedEngine:
     def detach(self, session: str) -> None:
         self._check_open()
         row = self._lookup(session)
-        self.lanes.drain()
+        self._drain()
         if row.armed:
             try:
                 self.lanes.run(Lane.HOT, self._model.detach, row.index)
+                self._drain()  # a detach that fails on the device fails here
             except BaseException:
                 # The session stays attached (the model may still hold it); the
                 # other rows' in-flight chunks are sound and are kept.
-                self.lanes.drain()
+                self._drain(quiet=True)
                 raise
         del self._by_session[session]
         self._rows[row.index] = None
@@ -237,7 +207,11 @@ class ComposedEngine:
         """Wait for every lane and refuse further calls. Sessions are not detached."""
         if not self._closed:
             self._closed = True
-            self.lanes.close()
+            try:
+                self.lanes.close()
+            except Exception:
+                if self._fault is None:  # a failed device's error was raised already
+                    raise
 
     def __enter__(self) -> ComposedEngine:
         return self
@@ -274,7 +248,7 @@ class ComposedEngine:
         if failure is not None:
             raise failure
 
-    def _start_encodes(self, rows: list[_Row]) -> None:
+    def _start_encodes(self, rows: list[Row]) -> None:
         starting = [r for r in rows if r.armed and r.staged and r.encoding is None]
         if not starting:
             return
@@ -288,63 +262,91 @@ class ComposedEngine:
         for stage in self._encode:
             stage.fn(batch)
 
-    def _plan_for(self, due: tuple[str, ...], rows: list[_Row], rejected: dict[str, str]) -> _Plan:
+    def _plan_for(self, due: tuple[str, ...], rows: list[Row], rejected: dict[str, str]) -> Plan:
         if rejected:  # a one-off: the refused rows sit this step out
-            return _Plan(due, -1, rows, [r for r in rows if r.session not in rejected])
+            return Plan(due, -1, rows, [r for r in rows if r.session not in rejected])
         plan = self._plan
         if plan is None or plan.gen != self._gen or plan.due != due:
-            plan = self._plan = _Plan(due, self._gen, rows, rows)
+            plan = self._plan = Plan(due, self._gen, rows, rows)
         return plan
 
-    def _advance(self, plan: _Plan, started: int) -> list[Batch]:
-        """Run HOT on the plan's hot rows; return the batches decoded this step."""
-        hot = None
-        if plan.hot:
-            if plan.conditioning_gen != self._conditioning_gen:
-                plan.conditioning = [r.conditioning for r in plan.hot]
-                plan.conditioning_gen = self._conditioning_gen
-            ages = self._age[plan.hot_at]
-            chunks: list[int] = ages.tolist()
-            hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
-            hot.generated_ns = started
-            for stage in self._hot:
-                self.lanes.run(Lane.HOT, stage.fn, hot)
-            hot.ready = self.lanes.mark(Lane.HOT)
-            self._age[plan.hot_at] = ages + 1
+    def _advance(self, plan: Plan, started: int) -> list[Batch]:
+        """Run HOT on the plan's hot rows; return the batches decoded this step.
+        Pipelined, DEFERRED(N-1) is issued before HOT(N): on streams they overlap."""
         if not self._manifest.pipelined:
+            hot = self._hot_batch(plan, started)
             return self._decode_batches([hot] if hot is not None else [])
         # A batch held under this very plan was made by the last step that ran it, which
         # took every other in-flight chunk of these rows; whatever could change that since
         # (attach, detach, arming, encodes) replaced the plan. Whole, it is all there is.
         taken = self._output.take_newest(plan) or self._output.take([r.index for r in plan.active])
-        decoded = self._decode_batches(taken)
+        decoded = self._decode_batches(taken, publish=False)
+        hot = self._hot_batch(plan, started)
         if hot is not None:
             self._output.hold(hot, plan)
+        if decoded:
+            self.lanes.publish()
         return decoded
 
-    def _decode_batches(self, batches: list[Batch]) -> list[Batch]:
+    def _hot_batch(self, plan: Plan, started: int) -> Batch | None:
+        """Issue HOT for the plan's hot rows (None when none is hot)."""
+        if not plan.hot:
+            return None
+        if plan.conditioning_gen != self._conditioning_gen:
+            plan.conditioning = [r.conditioning for r in plan.hot]
+            plan.conditioning_gen = self._conditioning_gen
+        ages = self._age[plan.hot_at]
+        chunks: list[int] = ages.tolist()
+        hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
+        hot.generated_ns = started
+        for stage in self._hot:
+            self.lanes.run(Lane.HOT, stage.fn, hot)
+        hot.ready = self.lanes.mark(Lane.HOT)
+        self._age[plan.hot_at] = ages + 1
+        return hot
+
+    def _decode_batches(self, batches: list[Batch], *, publish: bool = True) -> list[Batch]:
         for batch in batches:
             self._output.allocate(batch)
             self.lanes.wait(Lane.DEFERRED, batch.ready)
-            self.lanes.hand_over(batch.carry, Lane.DEFERRED)
+            whole = batch.source[0] if batch.source is not None else batch
+            self.lanes.hand_over(whole.carry, Lane.DEFERRED)
+            if batch.source is not None:  # its rows of HOT's carry, taken once HOT made it
+                self.lanes.run(Lane.DEFERRED, batch.take_carry, whole)
             for stage in self._deferred:
                 self.lanes.run(Lane.DEFERRED, stage.fn, batch)
-        if batches:
+        if batches and publish:
             self.lanes.publish()
         return batches
 
     def _fail(self) -> None:
         """The failure boundary: drain every lane, discard all in-flight output."""
-        self.lanes.drain()
-        self._output.discard()
+        try:
+            self._drain(quiet=True)
+        finally:
+            self._output.discard()
+
+    def _drain(self, *, quiet: bool = False) -> None:
+        """Wait for every lane; a device that stays failed ends the engine (EngineFault).
+        ``quiet``: another failure is in hand, so one the lanes report once is not raised."""
+        try:
+            self.lanes.drain()
+        except LanesFault as fault:
+            self._fault = fault
+            self._output.discard()
+            raise EngineFault(
+                f"the engine's device failed and stays failed: {fault.__cause__ or fault}; "
+                "nothing more can run on it (start a new engine process)"
+            ) from fault
+        except Exception:
+            if not quiet:
+                raise
 
     # -- helpers ----------------------------------------------------------
 
     def _apply_all(self, actions: Mapping[str, Action]) -> dict[str, str]:
-        """Apply every well-formed action; a malformed one is refused for its session only.
-
-        Returns the refused sessions with the reason; they sit this step out.
-        """
+        """Apply every well-formed action; return the refused sessions (a malformed
+        action is refused for its session only) with why: they sit this step out."""
         rows = [(self._lookup(s), a) for s, a in actions.items()]
         rejected = {}
         for row, action in rows:
@@ -356,7 +358,7 @@ class ComposedEngine:
             self._apply(row, action)
         return rejected
 
-    def _apply(self, row: _Row, action: Action) -> None:
+    def _apply(self, row: Row, action: Action) -> None:
         conditioning = dict(row.conditioning)  # copy on write: batches hold the old one
         for key, value in action.conditioning.items():
             if key not in self._heavy or not row.armed:
@@ -375,7 +377,7 @@ class ComposedEngine:
         self._conditioning_gen += 1
 
     def _results(
-        self, plan: _Plan, decoded: list[Batch], rejected: dict[str, str], started: int
+        self, plan: Plan, decoded: list[Batch], rejected: dict[str, str], started: int
     ) -> list[StepResult]:
         now = time.monotonic_ns()
         if len(decoded) == 1 and decoded[0].rows is plan.index:  # every due row, in due order
@@ -404,23 +406,25 @@ class ComposedEngine:
         """The CHUNK result of every row of the decoded batches, by row."""
         return {r: c for b in decoded for r, c in zip(b.rows, chunk_results(b, now), strict=True)}
 
-    def _batch(self, rows: list[_Row], conditioning: list[dict[str, Any]]) -> Batch:
+    def _batch(self, rows: list[Row], conditioning: list[dict[str, Any]]) -> Batch:
         """A batch of ``rows`` for seed or ENCODE."""
         chunks = [int(self._age[r.index]) for r in rows]
         return Batch([r.index for r in rows], [r.session for r in rows], chunks, conditioning)
 
-    def _live(self) -> list[_Row]:
+    def _live(self) -> list[Row]:
         return [r for r in self._rows if r is not None]
 
-    def _lookup(self, session: str) -> _Row:
+    def _lookup(self, session: str) -> Row:
         row = self._by_session.get(session)
         if row is None:
             raise UnknownSessionError(f"session {session!r} is not attached to this engine")
         return row
 
-    def _resolve(self, sessions: Iterable[str]) -> list[_Row]:
+    def _resolve(self, sessions: Iterable[str]) -> list[Row]:
         return [self._lookup(s) for s in dict.fromkeys(sessions)]
 
     def _check_open(self) -> None:
+        if self._fault is not None:
+            raise EngineFault(f"the engine's device failed: {self._fault.__cause__ or self._fault}")
         if self._closed:
             raise EngineClosedError("this engine was closed; build a new one")

@@ -81,6 +81,13 @@ class EngineClosedError(RteError):
     """A call on an in-process engine after its ``close()``."""
 
 
+class EngineFault(EngineClosedError):
+    """The engine's device failed and stays failed (a sticky CUDA error, such as
+    an illegal memory access): the engine discarded its in-flight output and
+    refuses every call. A daemon fails closed on it: its clients get
+    :class:`EngineGone` with the device's error."""
+
+
 class ConfigurationError(RteError, ValueError):
     """A daemon was asked to start with settings that cannot hold: a bad name, a
     model that cannot be loaded, sizes that do not fit together. Nothing was

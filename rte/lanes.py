@@ -6,11 +6,14 @@ order, and ENCODE runs on one background worker thread (:class:`CpuLanes`), the
 CPU's analogue of a third stream, so that an over-budget encode cannot stall the
 step that keeps the other rows advancing.
 
-Lanes are chosen once, when the engine is built, by a cheap probe that never
-imports torch: CUDA lanes are used only when the model has already imported
-torch and torch reports CUDA. CUDA streams are thread-local in use, so they are
-created lazily on the first call from the stepping thread, not at construction
-(the engine is usually built on a loading thread and stepped on a worker).
+Lanes are chosen once, when the engine is built, from the model's device
+(``model.device``): CUDA streams for a model on ``cuda:N``, CPU lanes for one
+on the CPU, whatever else the process has loaded. CUDA lanes drive a backend
+of streams and events: torch's (:mod:`rte.torchcuda`), or the simulated device
+of :mod:`rte.simcuda`, on which the tests run the whole CUDA code path without
+a GPU. Streams are created lazily on the first call from the stepping thread,
+not at construction (the engine is usually built on a loading thread and
+stepped on a worker), and the device is settled once then.
 
 One step body drives both kinds through this small interface: ``run`` a stage
 on a lane, ``mark`` a point on a lane and make another lane ``wait`` for it,
@@ -21,7 +24,7 @@ visible to the host, and ``drain`` before any failure propagates.
 from __future__ import annotations
 
 import enum
-import sys
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,6 +53,11 @@ class Lanes:
 
     def __init__(self) -> None:
         self._local = threading.local()
+
+    @property
+    def device(self) -> str:
+        """Where the lanes' work runs: ``cpu``, ``cuda:N``, or ``sim`` (simulated CUDA)."""
+        return "cpu"
 
     @property
     def current(self) -> Lane | None:
@@ -146,97 +154,189 @@ class CpuLanes(Lanes):
             self._encoder = None
 
 
-class CudaLanes(Lanes):
-    """Each lane a CUDA stream, created on first use by the stepping thread.
+class StreamBackend(Protocol):
+    """Streams and events as :class:`CudaLanes` uses them: torch's CUDA
+    (:class:`rte.torchcuda.TorchCuda`) or the simulated device
+    (:class:`rte.simcuda.SimCuda`) that the tests run the engine on."""
 
-    Cross-lane order is expressed with CUDA events only (``mark``/``wait``);
-    nothing on the hot path synchronizes the device. ``publish`` waits for one
-    event on the DEFERRED stream, so a chunk is handed out only after its
-    device-to-host copy has completed.
+    name: str
+
+    def bind_thread(self) -> None: ...
+
+    def stream(self, lane: Lane) -> Any: ...
+
+    def settle(self) -> None: ...
+
+    def launch(self, stream: Any, fn: Callable[[Any], object], arg: Any) -> None: ...
+
+    def record(self, stream: Any) -> Any: ...
+
+    def wait(self, stream: Any, event: Any) -> None: ...
+
+    def query(self, event: Any) -> bool: ...
+
+    def host_wait(self, event: Any) -> None: ...
+
+    def synchronize(self, stream: Any) -> None: ...
+
+    def hand_over(self, value: object, stream: Any) -> None: ...
+
+
+class LanesFault(RuntimeError):
+    """The device failed and stays failed (a sticky CUDA error): nothing more can
+    run on these lanes. The engine fails closed on it."""
+
+
+class CudaLanes(Lanes):
+    """Each lane a stream of ``backend``, created on first use by the stepping thread.
+
+    Cross-lane order is expressed with events only (``mark``/``wait``); nothing
+    on the hot path synchronizes the device. ``publish`` polls one event on the
+    DEFERRED stream, so a chunk is handed out only after its device-to-host
+    copy has completed. ENCODE's host work runs on a worker thread (its device
+    work on the ENCODE stream, after the HOT work already queued, which may
+    still read the rows it rewrites), and its failure travels in its
+    completion, as on the CPU. Before the first stream is made, the device is
+    settled once, so work issued while the model was built (on another thread's
+    stream) is complete before HOT reads it.
     """
 
     kind = "cuda"
 
-    def __init__(self) -> None:
+    def __init__(self, backend: StreamBackend) -> None:
         super().__init__()
-        import torch  # noqa: PLC0415 (only reached when the model already imported torch)
-
-        self._torch = torch
+        self.backend = backend
         self._streams: dict[Lane, Any] = {}
+        self._encoder: ThreadPoolExecutor | None = None
+        self._outstanding: list[Future[object]] = []
+
+    @property
+    def device(self) -> str:
+        return self.backend.name
 
     def _stream(self, lane: Lane) -> Any:
         stream = self._streams.get(lane)
         if stream is None:
-            stream = self._torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
-            self._streams[lane] = stream
+            if not self._streams:
+                self.backend.bind_thread()
+                self.backend.settle()  # the model's initialisation, on whatever stream it ran
+            stream = self._streams[lane] = self.backend.stream(lane)
         return stream
 
     def run(self, lane: Lane, fn: Callable[[Any], object], arg: Any) -> None:
-        with self._on(lane), self._torch.cuda.stream(self._stream(lane)):
-            fn(arg)
+        def on_lane(value: Any) -> None:  # where the stage runs, which may be later
+            with self._on(lane):
+                fn(value)
+
+        self.backend.launch(self._stream(lane), on_lane, arg)
 
     def mark(self, lane: Lane) -> object:
-        event = self._torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]
-        event.record(self._stream(lane))
-        return event
+        return self.backend.record(self._stream(lane))
 
     def wait(self, lane: Lane, marker: object) -> None:
         if marker is not None:
-            self._stream(lane).wait_event(marker)
+            self.backend.wait(self._stream(lane), marker)
 
     def hand_over(self, value: object, to: Lane) -> None:
-        # A tensor allocated on one stream and read on another must not be
-        # recycled by the caching allocator until the reader is done with it.
-        if isinstance(value, self._torch.Tensor) and value.is_cuda:
-            value.record_stream(self._stream(to))
-        elif isinstance(value, dict):
-            for item in value.values():
-                self.hand_over(item, to)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                self.hand_over(item, to)
+        self.backend.hand_over(value, self._stream(to))
 
     def publish(self) -> None:
-        event = self.mark(Lane.DEFERRED)
-        event.synchronize()  # type: ignore[attr-defined]
+        self.backend.host_wait(self.mark(Lane.DEFERRED))
 
     def submit_encode(self, fn: Callable[[Any], object], arg: Any) -> Completion:
-        self.run(Lane.ENCODE, fn, arg)
-        return _EventCompletion(self.mark(Lane.ENCODE))
+        stream = self._stream(Lane.ENCODE)
+        after = self.mark(Lane.HOT)  # HOT work queued so far may read the rows re-encoded
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rte-encode")
+
+        def on_encode_lane() -> object:
+            self.backend.bind_thread()
+            self.backend.wait(stream, after)
+            self.run(Lane.ENCODE, fn, arg)
+            return self.backend.record(stream)
+
+        future = self._encoder.submit(on_encode_lane)
+        self._outstanding = [f for f in self._outstanding if not f.done()]
+        self._outstanding.append(future)
+        return _EventCompletion(self.backend, future)
 
     def drain(self) -> None:
+        """Wait for every lane. Raises the first error the device reported, once;
+        :class:`LanesFault` when the device keeps failing (a sticky error)."""
+        for future in self._outstanding:
+            future.exception()  # the host side of encodes; failures travel in completions
+        self._outstanding.clear()
+        first: BaseException | None = None
         for stream in self._streams.values():
-            stream.synchronize()
+            try:
+                self.backend.synchronize(stream)
+            except Exception as exc:
+                first = first or exc
+        if first is None:
+            return
+        try:  # an error that is reported once was the work's; one that stays is the device's
+            for stream in self._streams.values():
+                self.backend.synchronize(stream)
+        except Exception as again:
+            raise LanesFault(f"the device failed: {again}") from again
+        raise first
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            if self._encoder is not None:
+                self._encoder.shutdown(wait=True)
+                self._encoder = None
 
 
 class _EventCompletion:
-    def __init__(self, event: Any) -> None:
-        self._event = event
+    """An encode on CUDA lanes: its host side (a future) then its device side (an event)."""
+
+    def __init__(self, backend: StreamBackend, future: Future[object]) -> None:
+        self._backend = backend
+        self._future = future
+        self._error: BaseException | None = None
 
     def done(self) -> bool:
-        return bool(self._event.query())
+        if not self._future.done():
+            return False
+        if self._future.exception() is not None or self._error is not None:
+            return True
+        try:
+            return self._backend.query(self._future.result())
+        except Exception as exc:  # the device side failed: done, and result() says so
+            self._error = exc
+            return True
 
     def result(self) -> None:
-        self._event.synchronize()
+        event = self._future.result()
+        if self._error is not None:
+            raise self._error
+        self._backend.host_wait(event)
 
 
-def cuda_present() -> bool:
-    """True when torch is already imported and reports CUDA. Never imports torch."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken CUDA install is "no CUDA", not a crash
-        return False
+def make_lanes(kind: str = "auto", device: str = "cpu") -> Lanes:
+    """Lanes of ``kind`` for a model on ``device``.
 
-
-def make_lanes(kind: str = "auto") -> Lanes:
-    """Lanes of ``kind``: ``"cpu"``, ``"cuda"``, or ``"auto"`` (CUDA when present)."""
+    ``"auto"`` follows the device: CUDA streams for ``cuda`` / ``cuda:N``, else
+    CPU lanes, or simulated CUDA streams when ``RTE_LANES=sim`` is set (how
+    the tests run the CUDA path on the CPU). ``"cpu"``, ``"cuda"`` and ``"sim"``
+    choose directly.
+    """
     if kind == "auto":
-        kind = "cuda" if cuda_present() else "cpu"
+        if device.startswith("cuda"):
+            kind = "cuda"
+        else:
+            kind = "sim" if os.environ.get("RTE_LANES") == "sim" else "cpu"
     if kind == "cpu":
         return CpuLanes()
     if kind == "cuda":
-        return CudaLanes()
-    raise ValueError(f"unknown lanes kind {kind!r}; expected 'auto', 'cpu' or 'cuda'")
+        from rte.torchcuda import TorchCuda  # noqa: PLC0415 (imports torch)
+
+        return CudaLanes(TorchCuda(device if device.startswith("cuda") else "cuda"))
+    if kind == "sim":
+        from rte.simcuda import SimCuda  # noqa: PLC0415 (a cycle: it names the lanes)
+
+        return CudaLanes(SimCuda())
+    raise ValueError(f"unknown lanes kind {kind!r}; expected 'auto', 'cpu', 'cuda' or 'sim'")

@@ -18,7 +18,9 @@ Each turn is a short numbered sequence:
 :class:`ServeLoop` does steps 2 to 4 and returns what happened as values (a
 list of :class:`~rte.contract.StepResult` and :class:`~rte.contract.Notice`),
 never through exceptions: the host decides where each goes. Each notice that
-answers a request carries that request's ``seq``.
+answers a request carries that request's ``seq``. The one exception:
+:class:`~rte.errors.EngineFault` (the engine's device failed for good) ends
+the loop, so its host fails closed instead of serving errors.
 
 Run it on the thread that will step the engine for its whole life (CUDA
 streams are per-thread): ``threading.Thread(target=default_serve, ...)``.
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
-from rte.errors import AdmissionError, UnknownSessionError
+from rte.errors import AdmissionError, EngineFault, UnknownSessionError
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,8 @@ class ServeLoop:
                     raise TypeError(f"unknown inbox message {type(message).__name__}")
         except AdmissionError as exc:
             out.append(Notice(session, NoticeKind.REJECTED, str(exc), seq))
+        except EngineFault:
+            raise  # the engine cannot go on: the host fails closed
         except Exception as exc:
             out.append(Notice(session, NoticeKind.ERROR, f"{type(exc).__name__}: {exc}", seq))
         return out
@@ -231,6 +235,8 @@ class ServeLoop:
         actions = {s: Action(pending.pop(s)) for s in due if s in pending} if pending else None
         try:
             results = self.engine.step(due, actions)
+        except EngineFault:
+            raise
         except Exception as exc:
             return [Notice("", NoticeKind.ERROR, f"step failed: {type(exc).__name__}: {exc}")]
         return self._emitted(results)
@@ -264,6 +270,8 @@ class ServeLoop:
         if finalize:
             try:
                 out += self._emitted(self.engine.finalize([session]))
+            except EngineFault:
+                raise
             except Exception as exc:  # its in-flight chunk is lost; the detach still goes on
                 out.append(Notice(session, NoticeKind.DROPPED, f"in-flight chunk lost: {exc}"))
         self.engine.detach(session)

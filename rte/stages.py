@@ -48,12 +48,17 @@ class Batch:
     out: list[np.ndarray[Any, Any]] = field(default_factory=list)
     generated_ns: int = 0
     ready: object = None  # a lane marker set after HOT; DEFERRED waits for it
+    source: tuple[Batch, list[int]] | None = None  # a subset's whole batch and positions
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def subset(self, positions: list[int]) -> Batch:
-        """The same batch restricted to ``positions`` (itself when that is all of it)."""
+        """The same batch restricted to ``positions`` (itself when that is all of it).
+
+        Its ``carry`` is empty until :meth:`take_carry` fills it from this batch,
+        which the engine runs on the DEFERRED lane after HOT's event: on CUDA the
+        carry may not be computed yet when the subset is made."""
         if positions == list(range(len(self.rows))):
             return self
         return Batch(
@@ -61,10 +66,15 @@ class Batch:
             sessions=[self.sessions[p] for p in positions],
             chunks=[self.chunks[p] for p in positions],
             conditioning=[self.conditioning[p] for p in positions],
-            carry={key: _take(value, positions) for key, value in self.carry.items()},
             generated_ns=self.generated_ns,
             ready=self.ready,
+            source=(self, positions),
         )
+
+    def take_carry(self, whole: Batch) -> None:
+        """Fill ``carry`` with this subset's rows of ``whole``'s (a lane runs it)."""
+        positions = self.source[1] if self.source is not None else []
+        self.carry = {key: _take(value, positions) for key, value in whole.carry.items()}
 
 
 def _take(value: Any, positions: list[int]) -> Any:
@@ -91,7 +101,12 @@ class StageModel(abc.ABC):
     were), because a generic scheduler cannot roll back a half-updated cache.
     ENCODE stages may run concurrently with HOT and DEFERRED: they must touch
     only their own rows and no shared scratch space.
+
+    ``device`` says where the model computes (``"cpu"``, ``"cuda"``,
+    ``"cuda:N"``): the engine runs its stages on CUDA streams when it is CUDA.
     """
+
+    device: Any = "cpu"
 
     @abc.abstractmethod
     def manifest(self) -> Manifest: ...

@@ -8,6 +8,7 @@ import pytest
 
 from probe_model import ProbeModel, make_engine
 from rte import ComposedEngine
+from rte.simcuda import HAZARDS
 from shm.names import objects, shm_name, unlink_objects
 
 
@@ -41,3 +42,17 @@ def nothing_left_in_dev_shm() -> Iterator[None]:
     yield
     left = objects(shm_name(f"t{os.getpid()}x"))
     assert not left, f"tests left shared memory behind: {left}"
+
+
+@pytest.fixture(params=["cpu", "sim"])
+def each_lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test on CPU lanes, then on CUDA lanes over the simulated device
+    (``RTE_LANES=sim``: engines built in this process and daemons started from it).
+
+    The simulated device runs stream work late and checks every launch for a
+    race, so a missing event wait fails here as it would only sometimes on a GPU.
+    """
+    monkeypatch.setenv("RTE_LANES", request.param)
+    before = len(HAZARDS)
+    yield request.param
+    assert HAZARDS[before:] == [], "the simulated device saw races"

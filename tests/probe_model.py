@@ -31,6 +31,7 @@ class Call:
     rows: tuple[int, ...]
     chunks: tuple[int, ...]
     sessions: tuple[str, ...]
+    thread: str = ""
 
 
 class ProbeModel(ReferenceModel):
@@ -55,7 +56,8 @@ class ProbeModel(ReferenceModel):
         self, name: str, rows: Sequence[int], chunks: Sequence[int], sessions: Sequence[str]
     ) -> None:
         lane = self.engine.lanes.current if self.engine is not None else None
-        self.calls.append(Call(name, lane, tuple(rows), tuple(chunks), tuple(sessions)))
+        thread = threading.current_thread().name
+        self.calls.append(Call(name, lane, tuple(rows), tuple(chunks), tuple(sessions), thread))
         failure = self.fail.pop(name, None)
         if failure is not None:
             raise failure
@@ -100,7 +102,7 @@ def make_engine(
     max_sessions: int = 8, *, midrun_attach: bool = True, **kwargs: Any
 ) -> tuple[ComposedEngine, ProbeModel]:
     model = ProbeModel(max_sessions, **kwargs)
-    engine = model.bind(ComposedEngine(model, midrun_attach=midrun_attach, lanes="cpu"))
+    engine = model.bind(ComposedEngine(model, midrun_attach=midrun_attach))
     return engine, model
 
 

@@ -21,6 +21,9 @@ from rte.client import Chunk, EngineClient, InProcessClient
 from rte.models import load_model
 from rte.models.null import tag_of
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
+
 ROWS = 3
 
 
@@ -36,7 +39,7 @@ class Engines:
     def client(self, model: str = "reference") -> EngineClient:
         if self.form == "inprocess":
             client: EngineClient = InProcessClient(
-                ComposedEngine(load_model(model, max_sessions=ROWS), lanes="cpu")
+                ComposedEngine(load_model(model, max_sessions=ROWS))
             )
         else:
             daemon = self.daemons.get(model)

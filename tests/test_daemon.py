@@ -36,6 +36,9 @@ from rte.ipc.values import encode_value
 from rte.ipc.wire import HEADER, RecordType, decode_reply
 from shm import Segment
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
+
 SPAWN = multiprocessing.get_context("spawn")
 
 

@@ -7,6 +7,8 @@ import pytest
 from probe_model import make_engine
 from rte import Action, AdmissionError, EngineClosedError, ResultKind, UnknownSessionError
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 def test_attach_takes_lowest_free_row_and_reuses_freed_rows() -> None:
     engine, _ = make_engine(4)

@@ -8,6 +8,8 @@ import pytest
 from probe_model import chunks_of, make_engine
 from rte import AdmissionError, Lane, ResultKind
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 def test_seed_waits_for_seed_ready_then_runs_once_for_the_whole_pending_set() -> None:
     engine, model = make_engine(4, need_pending=2)

@@ -11,6 +11,8 @@ import pytest
 from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
 from rte import Action, Batch, ComposedEngine, HeapAllocator, Lane, ResultKind
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 def _reference(sessions: str, steps: int) -> dict[str, dict[int, np.ndarray]]:
     engine, _ = make_engine(4)
@@ -131,14 +133,19 @@ def test_lifecycle_runs_every_call_on_its_lane_in_order() -> None:
     }
     for call in model.calls:
         assert call.lane is lanes[call.name], call
-    assert model.names() == [
+    issued = [
         "seed", "denoise", "finalize",  # step 1: seed at the boundary, then HOT
         "encode_prompt", "decode",  # step 2: a sits out; its chunk 0 is decoded
         "denoise", "finalize",  # step 3: rejoined
-        "denoise", "finalize", "decode",  # step 4: HOT chunk 2, DEFERRED chunk 1
+        "decode", "denoise", "finalize",  # step 4: DEFERRED chunk 1, then HOT chunk 2
         "decode",  # finalize: chunk 2
         "detach",
     ]  # fmt: skip
+    for lane in Lane:  # each lane runs its calls in the order they were issued
+        on_lane = [c.name for c in model.calls if c.lane is lane]
+        assert on_lane == [name for name in issued if lanes[name] is lane]
+    if engine.lanes.kind == "cpu":  # inline lanes run them when issued
+        assert model.names() == issued
     engine.close()
 
 
@@ -176,7 +183,7 @@ class LeasingAllocator:
 def test_a_failed_call_discards_each_batch_it_allocated_once(call: str) -> None:
     model = ProbeModel(4)
     allocator = LeasingAllocator(model)
-    engine = model.bind(ComposedEngine(model, lanes="cpu", allocator=allocator))
+    engine = model.bind(ComposedEngine(model, allocator=allocator))
     engine.attach("a")
     engine.attach("b")
     for _ in range(3):

@@ -12,6 +12,8 @@ from probe_model import make_engine
 from rte import Action, ComposedEngine, Lane, ResultKind, conditioning_equal
 from rte.models import ReferenceModel
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 def _step_until(engine: ComposedEngine, due: list[str], session: str, kind: ResultKind) -> list:
     deadline = time.monotonic() + 10
@@ -119,7 +121,7 @@ def test_a_model_can_supply_heavy_equal() -> None:
             return str(a).lower() == str(b).lower()
 
     model = CaseBlind(2)
-    engine = ComposedEngine(model, lanes="cpu")
+    engine = ComposedEngine(model)
     engine.attach("a", {"prompt": "Cat"})
     engine.step(["a"])
     engine.step(["a"], {"a": Action({"prompt": "CAT"})})

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from rte.lanes import CpuLanes, Lane, cuda_present, make_lanes
+from rte.lanes import CpuLanes, Lane, make_lanes
 
 NO_TORCH = """
 import sys
@@ -83,9 +83,9 @@ def test_make_lanes_refuses_unknown_kinds() -> None:
 @pytest.mark.gpu
 def test_cuda_lanes_are_real_streams_created_on_the_stepping_thread() -> None:
     torch = pytest.importorskip("torch")
-    if not cuda_present():
+    if not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA")
-    lanes = make_lanes("auto")
+    lanes = make_lanes("auto", "cuda:0")
     assert lanes.kind == "cuda"
     streams: dict[str, object] = {}
 

@@ -15,7 +15,7 @@ def _replica(max_children: int, rows: int = 1) -> tuple[ReplicaEngine, list[Prob
     def factory() -> ComposedEngine:
         model = ProbeModel(rows)
         models.append(model)
-        return model.bind(ComposedEngine(model, lanes="cpu"))
+        return model.bind(ComposedEngine(model))
 
     return ReplicaEngine(factory, max_children), models
 

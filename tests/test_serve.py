@@ -32,6 +32,8 @@ from rte import (
 )
 from rte.models import ReferenceModel
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 class Served:
     """A default_serve loop on its own thread, with its two queues."""
@@ -39,7 +41,7 @@ class Served:
     def __init__(self, due: Callable[[list[str]], list[str]] | None = None) -> None:
         self.inbox: queue.Queue[object] = queue.Queue()
         self.outbox: queue.Queue[object] = queue.Queue()
-        self.engine = ComposedEngine(ReferenceModel(3), lanes="cpu")
+        self.engine = ComposedEngine(ReferenceModel(3))
         self.thread = threading.Thread(
             target=default_serve,
             args=(self.engine, self.inbox, self.outbox),
@@ -141,7 +143,7 @@ def test_due_holds_sessions_back_and_wake_resumes_them() -> None:
 
 
 def test_serve_loop_returns_outcomes_and_never_raises_for_a_sender() -> None:
-    engine = ComposedEngine(ReferenceModel(1), lanes="cpu")
+    engine = ComposedEngine(ReferenceModel(1))
     loop = ServeLoop(engine)
     (attached,) = loop.handle(Attach("a", seq=1))
     assert attached == Notice("a", NoticeKind.ATTACHED, "", 1)
@@ -158,7 +160,7 @@ def test_serve_loop_returns_outcomes_and_never_raises_for_a_sender() -> None:
 
 
 def test_a_refused_reset_changes_nothing() -> None:
-    engine = ComposedEngine(ReferenceModel(1), lanes="cpu")
+    engine = ComposedEngine(ReferenceModel(1))
     loop = ServeLoop(engine)
     loop.handle(Attach("a", {"prompt": "p"}))
     loop.step()

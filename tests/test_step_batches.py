@@ -25,6 +25,8 @@ from rte.models.null import tag_of
 from shm import ForeignSlot, QuotaExceeded, Segment, Slab, SlabFull, StaleSlot
 from shm.segment import HEADER_SIZE
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
 
 @pytest.fixture
 def slab(shm_prefix: str) -> Iterator[Slab]:

@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
+
+
 torch = pytest.importorskip("torch")
 
 from daemon_harness import DaemonProcess, mapped_file, slab_file  # noqa: E402

@@ -352,7 +352,10 @@ class ShmClient(EngineClient):
         """EngineGone if the daemon stopped or died. The state word is read every
         time; the process table (slower) at most every 100 ms."""
         if self._control.state is DaemonState.STOPPING:
-            raise EngineGone(f"daemon {self.name!r} is stopping")
+            reason = self._control.reason
+            raise EngineGone(
+                f"daemon {self.name!r} is stopping" + (f": {reason}" if reason else "")
+            )
         if self.index >= 0 and self._table.state(self.index) is ClientState.REVOKED:
             raise EngineGone(
                 f"daemon {self.name!r} disconnected this client: it sent requests without "

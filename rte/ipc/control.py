@@ -73,6 +73,7 @@ _STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS, _NEXT_TICK = 0, 8, 16, 32, 40
 _SETTINGS = 64  # max_clients, ring_capacity, max_sessions
 _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
+_REASON, MAX_REASON = 2576, 236  # why the daemon stopped, when it failed (utf-8)
 _HISTOGRAM = 2816  # emitted -> pushed, latency.BUCKETS words
 # client block word indices
 _STARVED, _CLIENT_HISTOGRAM = 0, 8
@@ -298,6 +299,21 @@ class Control:
             c.name.lower(): int(lib.shm_load_acquire(self._word(_COUNTERS + 8 * c)))
             for c in Counter
         }
+
+    def set_reason(self, text: str) -> None:
+        """Say why the daemon is stopping (before STOPPING is stored; clients read it
+        after seeing STOPPING). Cut to fit."""
+        raw = text.encode()[:MAX_REASON].decode(errors="ignore").encode()
+        block = self.segment.bytes_at(self.layout.block, PAGE)
+        block[_REASON + 4 : _REASON + 4 + len(raw)] = raw
+        struct.pack_into("<I", block, _REASON, len(raw))
+
+    @property
+    def reason(self) -> str:
+        """Why the daemon stopped, if it failed ("" when it stopped as asked)."""
+        block = self.segment.bytes_at(self.layout.block, PAGE)
+        (length,) = struct.unpack_from("<I", block, _REASON)
+        return bytes(block[_REASON + 4 : _REASON + 4 + min(length, MAX_REASON)]).decode()
 
     def manifest(self) -> Manifest:
         block = self.segment.bytes_at(self.layout.block, PAGE)

@@ -32,6 +32,7 @@ import time
 
 from rte.composed import ComposedEngine
 from rte.contract import Notice, NoticeKind
+from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.control import Control, Counter, DaemonState
@@ -146,6 +147,8 @@ class DaemonCore:
                     self.out.tell_dropped(connection)
                 if connection.inbox.used():
                     self._drain(connection)
+            except EngineFault:
+                raise  # the device failed for everyone: fail closed
             except Exception:  # one client's traffic never ends the loop for everyone
                 log.exception("client %d broke the protocol: disconnected", connection.index)
                 self._reap(connection, reason="disconnected: protocol error", revoked=True)
@@ -182,9 +185,12 @@ class DaemonCore:
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
         self._count_steps()
+        if self.failure is not None:  # clients' EngineGone says it
+            self.control.set_reason(f"{type(self.failure).__name__}: {self.failure}")
         self.control.set_state(DaemonState.STOPPING)
-        for session in [*self.router.owners, *self._orphans]:
-            self._detach(session)
+        if not isinstance(self.failure, EngineFault):  # a failed device finalizes nothing
+            for session in [*self.router.owners, *self._orphans]:
+                self._detach(session)
         for connection in self.table.connections.values():
             connection.flush()
         self.engine.close()
@@ -253,6 +259,8 @@ class DaemonCore:
         try:
             self.loop.detach(session, finalize=finalize, reason=reason, out=out)
             gone = True
+        except EngineFault:
+            raise
         except Exception as exc:
             text = f"detach failed: {type(exc).__name__}: {exc}"
             out.append(Notice(session, NoticeKind.ERROR, text))

@@ -84,7 +84,8 @@ def serve(
             ready(
                 f"ready name={names.daemon} pid={os.getpid()} model={m.model} "
                 f"max_sessions={m.max_sessions} max_clients={settings.max_clients} "
-                f"lanes={core.engine.lanes.kind} slab_pinned={pinned}"
+                f"lanes={core.engine.lanes.kind} device={core.engine.lanes.device} "
+                f"slab_pinned={pinned}"
             )
         while worker.is_alive() and not stopping.is_set():
             worker.join(0.2)

@@ -1,0 +1,241 @@
+"""The CUDA lanes, proven without a GPU: the engine on the simulated device.
+
+:mod:`rte.simcuda` runs the lanes' streams and events on the CPU and raises a
+hazard for every touch that no event orders (vector clocks, checked at each
+launch and each read of a batch's carry), so each test here fails on the
+ordering mistake it names, every time. The whole engine, serve and daemon
+suites also run on it (the ``each_lanes`` fixture).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_harness import DaemonProcess, Deadline, leftovers
+from faulty_model import FAULT_AT
+
+from probe_model import InjectedFailure, ProbeModel
+from rte import Action, ComposedEngine, EngineFault, EngineGone, HeapAllocator
+from rte.lanes import CudaLanes, Lane, make_lanes
+from rte.models import ReferenceModel
+from rte.simcuda import DeviceFault, HazardError, SimCuda, SimCudaError
+from rte.stages import Batch
+
+
+def sim_engine(max_sessions: int = 4, **kwargs: Any) -> tuple[ComposedEngine, ProbeModel, SimCuda]:
+    model = ProbeModel(max_sessions, **kwargs)
+    device = SimCuda()
+    engine = model.bind(ComposedEngine(model, lanes=CudaLanes(device)))
+    return engine, model, device
+
+
+def steps(engine: ComposedEngine, due: list[str], n: int) -> list[Any]:
+    return [r for _ in range(n) for r in engine.step(due)]
+
+
+# -- the simulated device finds what a GPU would get wrong only sometimes ------
+
+
+def test_a_read_of_hot_output_without_an_event_wait_is_a_hazard() -> None:
+    device = SimCuda()
+    hot, deferred = device.stream(Lane.HOT), device.stream(Lane.DEFERRED)
+    batch = Batch([0], ["a"], [0], [{}])
+    device.launch(hot, lambda b: b.carry.update(latent=1), batch)
+    with pytest.raises(HazardError, match="carry"):
+        device.launch(deferred, lambda b: b.carry["latent"], batch)  # no wait: a race
+    with pytest.raises(HazardError, match="host code"):
+        batch.carry.items()  # nor may the host read it before waiting
+    made = device.record(hot)
+    device.wait(deferred, made)
+    device.launch(deferred, lambda b: b.carry["latent"], batch)  # ordered: fine
+    device.host_wait(made)
+    assert batch.carry["latent"] == 1
+
+
+def test_two_streams_writing_one_row_unordered_is_a_hazard() -> None:
+    device = SimCuda()
+    hot, encode = device.stream(Lane.HOT), device.stream(Lane.ENCODE)
+    device.launch(hot, lambda _: None, Batch([2], ["a"], [0], [{}]))
+    with pytest.raises(HazardError, match="row 2"):
+        device.launch(encode, lambda _: None, Batch([2], ["a"], [0], [{}]))
+    device.launch(encode, lambda _: None, Batch([3], ["b"], [0], [{}]))  # another row: fine
+
+
+def test_a_device_fault_sticks() -> None:
+    device = SimCuda()
+    hot = device.stream(Lane.HOT)
+
+    def broken(_: object) -> None:
+        raise DeviceFault("an illegal memory access was encountered")
+
+    with pytest.raises(SimCudaError, match="illegal memory access"):
+        device.launch(hot, broken, None)
+    for call in (lambda: device.synchronize(hot), lambda: device.record(hot)):
+        with pytest.raises(SimCudaError):
+            call()
+
+
+# -- 2. lanes follow the model's device -----------------------------------------
+
+
+def test_lanes_follow_the_models_device_not_what_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU box
+    monkeypatch.delenv("RTE_LANES", raising=False)
+    assert ComposedEngine(ReferenceModel(2)).lanes.kind == "cpu"
+    lanes = make_lanes("auto", "cuda:1")  # "one daemon per GPU": the index is honoured
+    assert isinstance(lanes, CudaLanes) and lanes.backend.name == "cuda:1"
+    assert make_lanes("auto", "cpu").kind == "cpu"
+
+
+# -- 1. an encode that fails, on CUDA lanes ---------------------------------------
+
+
+def test_a_failing_encode_fails_one_step_on_the_encode_worker_and_the_rest_go_on() -> None:
+    engine, model, _ = sim_engine()
+    engine.attach("a", {"prompt": "one"})
+    engine.attach("b")
+    steps(engine, ["a", "b"], 2)
+    model.fail["encode_prompt"] = InjectedFailure("a bad prompt")
+    engine.step(["a", "b"], {"a": Action({"prompt": "two"})})
+    failures, made = 0, {"a": 0, "b": 0}
+    for _ in range(8):
+        try:
+            results = engine.step(["a", "b"])
+        except InjectedFailure:
+            failures += 1
+            continue
+        for r in results:
+            made[r.session] += r.has_chunk
+    assert failures == 1  # once: the failed change is dropped, not retried every step
+    assert made["a"] >= 5 and made["b"] >= 5
+    threads = [c.thread for c in model.calls if c.name == "encode_prompt"]
+    assert threads and all(name.startswith("rte-encode") for name in threads)
+    engine.close()
+
+
+# -- 3. a partial decode takes HOT's output on DEFERRED, after HOT's event -----------
+
+
+def test_a_partial_decode_reads_hot_output_after_hot() -> None:
+    engine, _, _ = sim_engine()
+    for s in "abc":
+        engine.attach(s)
+    steps(engine, ["a", "b", "c"], 3)
+    (late,) = [r for r in engine.step(["a"]) if r.has_chunk]  # a subset of last step's batch
+    assert late.session == "a"
+    rest = engine.finalize(["b", "c"])  # and the rest of it, at a detach/reset
+    assert sorted(r.session for r in rest) == ["b", "c"]
+    engine.close()
+
+
+# -- 4. close waits for the lanes -------------------------------------------------
+
+
+def test_close_waits_for_an_encode_in_flight() -> None:
+    engine, model, _ = sim_engine()
+    engine.attach("a", {"prompt": "one"})
+    steps(engine, ["a"], 2)
+    model.encode_gate = threading.Event()
+    engine.step(["a"], {"a": Action({"prompt": "two"})})  # held at the gate
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # still waiting for the encode
+    model.encode_gate.set()
+    closer.join(10)
+    assert not closer.is_alive() and model.encodes[-1] == ("a", "two")
+
+
+# -- 7. ENCODE rewrites a row only after HOT work queued before it ---------------------
+
+
+def test_an_encode_is_ordered_after_the_hot_work_that_reads_its_row() -> None:
+    engine, model, _ = sim_engine()
+    engine.attach("a", {"prompt": "one"})
+    engine.attach("b")
+    steps(engine, ["a", "b"], 2)  # HOT work that reads a's row is queued
+    engine.step(["a", "b"], {"a": Action({"prompt": "two"})})
+    engine.lanes.drain()
+    results = steps(engine, ["a", "b"], 3)
+    assert model.encodes == [("a", "two")]
+    assert {r.session for r in results if r.has_chunk} == {"a", "b"}
+    engine.close()
+
+
+# -- 9. what the model's construction wrote is complete before HOT reads it -------------
+
+
+def test_model_initialisation_is_settled_before_the_first_step() -> None:
+    device = SimCuda()
+    model = ReferenceModel(2)
+    everything = Batch([0, 1], ["", ""], [0, 0], [{}, {}])
+    device.launch(device.default, lambda _: None, everything)  # zero fills, another stream
+    engine = ComposedEngine(model, lanes=CudaLanes(device))
+    engine.attach("a")
+    assert steps(engine, ["a"], 3)  # no hazard: the lanes settled the device first
+    engine.close()
+
+
+# -- 10. a sticky device error fails the engine closed ------------------------------------
+
+
+class Leases(HeapAllocator):
+    def __init__(self, model: ReferenceModel) -> None:
+        super().__init__(model.manifest())
+        self.out = 0
+
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        self.out += len(batch.rows)
+        return super().allocate(batch)
+
+    def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
+        self.out -= len(buffers)
+
+
+def test_a_sticky_device_error_fails_the_engine_closed_and_gives_back_every_buffer() -> None:
+    model = ProbeModel(2)
+    leases = Leases(model)
+    engine = ComposedEngine(model, lanes=CudaLanes(SimCuda()), allocator=leases)
+    engine.attach("a")
+    emitted = 0
+    for _ in range(3):
+        emitted += sum(r.has_chunk for r in engine.step(["a"]))
+    model.fail["denoise"] = DeviceFault("an illegal memory access was encountered")
+    with pytest.raises(EngineFault, match="illegal memory access") as caught:
+        engine.step(["a"])
+    assert isinstance(caught.value.__cause__.__cause__, SimCudaError)  # type: ignore[union-attr]
+    assert leases.out == emitted  # the in-flight output was given back, nothing is WRITING
+    for call in (lambda: engine.step(["a"]), lambda: engine.attach("b")):
+        with pytest.raises(EngineFault):
+            call()
+    engine.close()  # and closing it is quiet
+
+
+def test_a_daemon_whose_device_fails_closes_and_its_clients_are_told_why(
+    shm_prefix: str,
+) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "faulty_model:faulty", env={"RTE_LANES": "sim"})
+    try:
+        with d.client() as client:
+            client.attach("a")
+            chunks = []
+            limit = Deadline(30, "EngineGone")
+            with pytest.raises(EngineGone, match="illegal memory access"):
+                while True:
+                    limit.check()
+                    chunk = client.poll(timeout=0.5)
+                    if chunk is not None:
+                        chunks.append(chunk.chunk)
+                        chunk.release()
+            assert chunks and max(chunks) < FAULT_AT
+        assert d.process.wait(30) != 0  # it failed, and says so
+        assert "EngineFault" in d.stderr or "EngineFault" in d._read()
+    finally:
+        d.stop()
+    assert leftovers(shm_prefix) == []
