@@ -4,7 +4,8 @@ A model is a :class:`StageModel`: a manifest, an ordered list of lane-tagged
 :class:`Stage` s, and ``seed``/``detach`` (optionally ``seed_ready``,
 ``check_conditioning``, ``heavy_keys``, ``heavy_equal``). Every stage works on
 a :class:`Batch`: the rows of one call, their conditioning, a ``carry`` from
-HOT to DEFERRED, and the output buffers DEFERRED writes each chunk into, which
+HOT to DEFERRED, and the output buffers DEFERRED writes each chunk into (as
+one ``(n, *shape)`` array too, ``out_block``, when they are one run), which
 an :class:`OutputAllocator` hands out per batch (one fresh block by default; a
 transport's shared slab in the daemon). :class:`InFlight` is the engine's
 output side: the HOT batches not yet decoded, and the buffers not yet emitted.
@@ -46,6 +47,7 @@ class Batch:
     conditioning: list[dict[str, Any]]
     carry: dict[str, Any] = field(default_factory=dict)
     out: list[np.ndarray[Any, Any]] = field(default_factory=list)
+    out_block: np.ndarray[Any, Any] | None = None  # ``out`` as one array, when it is one
     generated_ns: int = 0
     ready: object = None  # a lane marker set after HOT; DEFERRED waits for it
     source: tuple[Batch, list[int]] | None = None  # a subset's whole batch and positions
@@ -75,6 +77,29 @@ class Batch:
         """Fill ``carry`` with this subset's rows of ``whole``'s (a lane runs it)."""
         positions = self.source[1] if self.source is not None else []
         self.carry = {key: _take(value, positions) for key, value in whole.carry.items()}
+
+
+def one_block(buffers: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
+    """``buffers`` as one writable ``(n, *shape)`` view when they lie at one stride
+    apart in one allocation (a slab run, a heap block); else None."""
+    first = buffers[0] if buffers else None
+    if first is None or not first.flags.writeable or not first.flags.c_contiguous:
+        return None
+    if len(buffers) == 1:
+        return first[None]
+    step = buffers[1].ctypes.data - first.ctypes.data
+    if step < first.nbytes:
+        return None
+    for i, buffer in enumerate(buffers):
+        if (
+            buffer.ctypes.data != first.ctypes.data + i * step
+            or buffer.shape != first.shape
+            or buffer.dtype != first.dtype
+            or not buffer.flags.c_contiguous
+        ):
+            return None
+    shape, strides = (len(buffers), *first.shape), (step, *first.strides)
+    return np.lib.stride_tricks.as_strided(first, shape, strides, writeable=True)
 
 
 def _take(value: Any, positions: list[int]) -> Any:
@@ -265,6 +290,7 @@ class InFlight:
         if len(buffers) != len(batch.rows):
             raise ValueError(f"allocate gave {len(buffers)} buffers for {len(batch.rows)} rows")
         batch.out = buffers
+        batch.out_block = one_block(buffers)
 
     def emitted(self) -> None:
         """Everything allocated so far is in the results about to be returned."""

@@ -137,6 +137,50 @@ def test_a_failing_stage_discards_in_flight_output_and_the_engine_recovers() -> 
     engine.close()
 
 
+# What a GPU would launch, counted on the CPU: every op torch dispatches, less views
+# and metadata (which launch nothing), attributed to the lane it ran on.
+NO_LAUNCH = {
+    *("view", "_unsafe_view", "transpose", "t", "split", "select", "slice", "unsqueeze"),
+    *("expand", "permute", "alias", "detach", "split_with_sizes", "as_strided", "squeeze"),
+    *("lift_fresh", "_reshape_alias", "unbind", "resolve_conj", "resolve_neg", "flatten"),
+}
+# Measured with this counter on the per-row model this replaced (64 sessions, one step).
+PER_ROW_HOT, PER_ROW_STEP = 683, 762
+
+
+def launches_per_step(sessions: int) -> dict[str, int]:
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+
+    engine = ComposedEngine(TorchWorldModel(sessions, device="cpu"), lanes="cpu")
+    counts = {"hot": 0, "deferred": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            name = func.overloadpacket.__name__
+            if name not in NO_LAUNCH or name == "reshape":  # a reshape may copy: count it
+                lane = engine.lanes.current
+                assert lane is not None, f"{name} ran outside a lane"
+                counts[lane.value] += 1
+            return func(*args, **(kwargs or {}))
+
+    names = [f"s{i}" for i in range(sessions)]
+    for name in names:
+        engine.attach(name, {"prompt": name})
+    for i in range(6):  # past the window: the KV ring has wrapped
+        engine.step(names, {s: Action({"move": (i % 3 - 1, 1)}) for s in names})
+    with Count():
+        engine.step(names, {s: Action({"move": (1, 0)}) for s in names})
+    engine.close()
+    return counts
+
+
+def test_a_step_launches_the_same_few_kernels_whatever_the_batch() -> None:
+    at64 = launches_per_step(64)
+    assert at64 == launches_per_step(1)  # no op per row: the batch is one set of launches
+    assert at64["hot"] * 10 <= PER_ROW_HOT, at64
+    assert sum(at64.values()) * 10 <= PER_ROW_STEP, at64
+
+
 @pytest.fixture
 def torch_daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     d = DaemonProcess(shm_prefix, "--model", "torch", "--max-sessions", "2")

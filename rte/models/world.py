@@ -3,32 +3,38 @@
 Selected as ``--model torch``. It exists so that the lanes, the pipelining and
 the zero-copy slab are exercised by real tensor work:
 
-* HOT ``denoise``: a 2-layer transformer refines noise (seeded by session and
-  chunk) into the next chunk's 16 latent tokens, attending to the row's own KV
-  cache of its last chunks, conditioned on the row's prompt embedding and its
-  ``move`` action; HOT ``finalize``: run the finished chunk through the blocks
-  once more and append its keys and values to the row's cache (a sliding
-  window of ``window`` chunks).
-* DEFERRED ``decode``: a transposed-convolution decoder from the 4x4 token grid
-  to a 32x32 RGB frame, copied straight into the chunk's slab slot (on CUDA an
-  asynchronous device-to-host copy on the DEFERRED stream, into pinned memory).
+* HOT ``denoise``: a 2-layer transformer refines noise (an entry of a fixed
+  table, picked by session and chunk) into the next chunk's 16 latent tokens,
+  attending to the row's own KV cache of its last chunks, conditioned on the
+  row's prompt embedding and its ``move`` action; HOT ``finalize``: write the
+  keys and values of the chunk's last refinement pass into the row's cache, a
+  ring of ``window`` chunks, for every row of the batch in one write.
+* DEFERRED ``decode``: an MLP from each token of the 4x4 grid to an 8x8 patch
+  of a 32x32 RGB frame; a step's frames go into the step's slab slots in one
+  device-to-host copy (on CUDA asynchronous, on the DEFERRED stream, into
+  pinned memory).
 * ENCODE ``encode_prompt``: a byte-level prompt encoder for the heavy
   ``prompt`` key.
 
 Weights are deterministic from a fixed seed: no downloads, no files. Every
-tensor of state is per row (row-indexed caches, per-row attention), so a
-session never sees another's data.
+tensor of state is per row and lives on the device (row-indexed caches and
+prompts, per-row attention masks), so a session never sees another's data and
+a step issues the same few dozen launches whatever its batch size: the per-row
+numbers go up in one page-locked copy (:mod:`rte.models.staging`), and nothing
+in a step waits for the device.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rte.models.prompt_move import PromptMoveModel
+from rte.models.staging import Staging, to_device
 from rte.stages import Batch
 
 GRID = 4
@@ -38,6 +44,9 @@ HEADS = 4
 HEAD_DIM = DIM // HEADS
 LAYERS = 2
 PROMPT_BYTES = 32
+PATCH = 8  # each token decodes to an 8x8 patch: frames are 32x32
+NOISE_TABLE = 2048  # Gaussian noise chunks; a row's chunk c takes entry base + c * stride
+NOISE_STRIDE = 7919
 
 
 def _seed(*parts: object) -> int:
@@ -46,49 +55,58 @@ def _seed(*parts: object) -> int:
 
 
 class _Block(nn.Module):
-    """Pre-norm attention over [the row's cache; this chunk], then an MLP."""
+    """Pre-norm attention over [the row's cache; this chunk], then an MLP. The
+    residual adds are fused into the output projections (``addmm``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(DIM)
         self.qkv = nn.Linear(DIM, 3 * DIM)
-        self.proj = nn.Linear(DIM, DIM)
+        self.proj = nn.Linear(DIM, DIM, bias=False)
         self.norm2 = nn.LayerNorm(DIM)
-        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+        self.up = nn.Linear(DIM, 2 * DIM)
+        self.down = nn.Linear(2 * DIM, DIM, bias=False)
 
     def forward(
-        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, past: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: (B, T, DIM); ``past``: (B, 2, heads, cached tokens, head dim), keys
+        then values. Returns the new x and this chunk's keys and values, like ``past``."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(DIM, dim=-1)
-        q, k, v = (z.view(b, t, HEADS, HEAD_DIM).transpose(1, 2) for z in (q, k, v))
-        keys = torch.cat([past_k, k], dim=2)
-        values = torch.cat([past_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        x = x + self.proj(out.transpose(1, 2).reshape(b, t, DIM))
-        return x + self.mlp(self.norm2(x)), k, v
+        qkv = self.qkv(self.norm1(x)).view(b, t, 3, HEADS, HEAD_DIM)
+        q = qkv[:, :, 0].transpose(1, 2)
+        new = qkv[:, :, 1:].permute(0, 2, 3, 1, 4)  # (B, 2, heads, T, head dim): a view
+        kv = torch.cat([past, new], dim=3)  # keys and values in one copy
+        out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=mask)
+        flat = torch.addmm(
+            x.view(b * t, DIM), out.transpose(1, 2).reshape(b * t, DIM), self.proj.weight.t()
+        )
+        hidden = F.gelu(self.up(self.norm2(flat)))
+        return torch.addmm(flat, hidden, self.down.weight.t()).view(b, t, DIM), new
 
 
 class _Decoder(nn.Module):
-    """4x4 tokens of DIM channels to a 32x32 RGB frame in [0, 255]."""
+    """Each token of the 4x4 grid to an 8x8 RGB patch of the 32x32 frame: an MLP,
+    normalised per frame (rows never mix) and contrast-stretched into [0, 255].
+
+    Matrix products only, no convolution: oneDNN picks its convolution algorithm
+    by batch size, and a frame must decode the same solo and batched."""
+
+    contrast: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.ConvTranspose2d(DIM, 32, 4, stride=2, padding=1),
-            nn.GELU(),
-            nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1),
-            nn.GELU(),
-            nn.ConvTranspose2d(16, 3, 4, stride=2, padding=1),
-        )
+        self.up = nn.Linear(DIM, 2 * DIM)
+        self.out = nn.Linear(2 * DIM, PATCH * PATCH * 3)
+        self.register_buffer("contrast", torch.full((TOKENS, PATCH * PATCH * 3), 1.5))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        grid = tokens.transpose(1, 2).reshape(-1, DIM, GRID, GRID)
-        raw = self.net(grid)
-        mean = raw.mean(dim=(1, 2, 3), keepdim=True)  # per frame: rows never mix
-        std = raw.std(dim=(1, 2, 3), keepdim=True) + 1e-5
-        rgb = torch.sigmoid((raw - mean) / std * 1.5) * 255.0
-        return rgb.round().to(torch.uint8).permute(0, 2, 3, 1)  # (B, 32, 32, 3)
+        b = tokens.shape[0]
+        raw = self.out(F.gelu(self.up(tokens)))  # (B, T, patch pixels)
+        normal = F.layer_norm(raw, raw.shape[1:], self.contrast, eps=1e-5)
+        rgb = (torch.sigmoid(normal) * 255.0).to(torch.uint8)
+        patches = rgb.view(b, GRID, GRID, PATCH, PATCH, 3).permute(0, 1, 3, 2, 4, 5)
+        return patches.reshape(b, GRID * PATCH, GRID * PATCH, 3)  # (B, 32, 32, 3)
 
 
 class TorchWorldModel(PromptMoveModel):
@@ -97,7 +115,7 @@ class TorchWorldModel(PromptMoveModel):
     pipelined: decode chunk N-1 while making chunk N.
     window: chunks of context each row's KV cache keeps.
     steps: denoising iterations per chunk.
-    device: "cuda" when available, else "cpu", unless given.
+    device: "cuda", "cuda:N" or "cpu"; CUDA when available, unless given.
     """
 
     name = "torch"
@@ -114,7 +132,8 @@ class TorchWorldModel(PromptMoveModel):
         self.max_sessions = max_sessions
         self.pipelined = pipelined
         self.steps = steps
-        self.frame_shape = (GRID * 8, GRID * 8, 3)
+        self.window = window
+        self.frame_shape = (GRID * PATCH, GRID * PATCH, 3)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(20261129)
@@ -125,6 +144,7 @@ class TorchWorldModel(PromptMoveModel):
             self.bytes = nn.Embedding(257, DIM)
             self.prompt_proj = nn.Linear(DIM, DIM)
             self.decoder = _Decoder()
+            noise = torch.randn(NOISE_TABLE, TOKENS, DIM)
         self.modules_ = (
             nn.ModuleDict(
                 {
@@ -140,98 +160,117 @@ class TorchWorldModel(PromptMoveModel):
             .eval()
         )
         self.position.data = self.position.data.to(self.device)
-        capacity = window * TOKENS
-        shape = (max_sessions, LAYERS, HEADS, capacity, HEAD_DIM)
-        self.cache_k = torch.zeros(shape, device=self.device)
-        self.cache_v = torch.zeros(shape, device=self.device)
-        self.cache_len = [0] * max_sessions
+        self.offset = (self.position + self.action.bias).detach()  # every row's, added once
+        self.noise = noise.to(self.device)
+        # Per-row state lives on the device, one tensor each, row-indexed; the
+        # host keeps only the bookkeeping that says where to write next.
+        self.cache = torch.zeros(
+            (max_sessions, LAYERS, 2, HEADS, window, TOKENS, HEAD_DIM), device=self.device
+        )
         self.prompt = torch.zeros(max_sessions, DIM, device=self.device)
+        self.filled = [0] * max_sessions  # chunks in each row's cache, up to ``window``
+        self.next_slot = [0] * max_sessions  # where each row's next chunk goes (a ring)
+        self.noise_base = [0] * max_sessions
+        visible = np.arange(window * TOKENS + TOKENS) // TOKENS  # token -> cache slot
+        self._masks = np.stack([(visible < f) | (visible == window) for f in range(window + 1)])
+        self.inputs = Staging(max_sessions, 5, window * TOKENS + TOKENS, self.device)
         self.encodes: list[tuple[str, str]] = []
 
     # -- the StageModel contract -------------------------------------------
 
     @torch.inference_mode()
     def seed(self, batch: Batch) -> None:
-        for row, cond in zip(batch.rows, batch.conditioning, strict=True):
-            self.cache_len[row] = 0
-            self.prompt[row] = self._embed(cond.get("prompt", ""))
+        for row, session in zip(batch.rows, batch.sessions, strict=True):
+            self.filled[row] = self.next_slot[row] = 0
+            self.noise_base[row] = _seed(session) % NOISE_TABLE
+        self._set_prompts(batch)
 
     def detach(self, row: int) -> None:
-        self.cache_len[row] = 0
+        self.filled[row] = self.next_slot[row] = 0
 
     # -- stages --------------------------------------------------------------
 
-    def _context(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each row's cache and the mask that hides its unused positions."""
-        index = torch.tensor(rows, device=self.device)
-        capacity = self.cache_k.shape[3]
-        used = torch.tensor([self.cache_len[r] for r in rows], device=self.device)
-        visible = torch.arange(capacity, device=self.device)[None, :] < used[:, None]
-        mask = torch.cat([visible, visible.new_ones(len(rows), TOKENS)], dim=1)
-        return self.cache_k[index], self.cache_v[index], mask[:, None, None, :]
-
-    def _run(
-        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        kv = []
-        for layer, block in enumerate(self.blocks):
-            x, k, v = block(x, past_k[:, layer], past_v[:, layer], mask)
-            kv.append((k, v))
-        return x, kv
+    def _upload(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's per-row inputs, on the device, in two copies whatever its size:
+        (B, 5) ints (row, noise index, dy, dx, cache slot to write) and the mask."""
+        ints, mask = self.inputs.host(len(batch.rows))
+        ints[:, 0] = batch.rows
+        ints[:, 1] = [
+            (self.noise_base[r] + NOISE_STRIDE * c) % NOISE_TABLE
+            for r, c in zip(batch.rows, batch.chunks, strict=True)
+        ]
+        ints[:, 2:4] = [c.get("move", (0, 0)) for c in batch.conditioning]
+        ints[:, 4] = [self.next_slot[r] for r in batch.rows]
+        mask[:] = self._masks[[self.filled[r] for r in batch.rows]]
+        return self.inputs.upload()
 
     @torch.inference_mode()
     def _denoise(self, batch: Batch) -> None:
-        noise = torch.stack(
-            [
-                torch.randn(TOKENS, DIM, generator=torch.Generator().manual_seed(_seed(s, c)))
-                for s, c in zip(batch.sessions, batch.chunks, strict=True)
-            ]
-        ).to(self.device, non_blocking=True)
-        moves = torch.tensor(
-            [list(c.get("move", (0, 0))) for c in batch.conditioning], dtype=torch.float32
-        ).to(self.device, non_blocking=True)
-        index = torch.tensor(batch.rows, device=self.device)
-        condition = (self.prompt[index] + self.action(moves))[:, None, :] + self.position
-        past_k, past_v, mask = self._context(batch.rows)
-        x = noise
+        ints, mask = self._upload(batch)
+        rows = ints[:, 0]
+        moves = ints[:, 2:4].to(torch.float32)
+        prompts = self.prompt.index_select(0, rows)
+        condition = torch.addmm(prompts, moves, self.action.weight.t())[:, None] + self.offset
+        past = self.cache.index_select(0, rows).flatten(4, 5)  # (B, L, 2, H, W*T, D)
+        mask = mask[:, None, None, :]
+        x = self.noise.index_select(0, ints[:, 1])
+        new: list[torch.Tensor] = []
         for _ in range(self.steps):
-            h, _ = self._run(x + condition, past_k, past_v, mask)
-            x = x - 0.5 * torch.tanh(self.head(h))
+            h = x + condition
+            new = []
+            for layer, block in enumerate(self.blocks):
+                h, kv = block(h, past[:, layer], mask)
+                new.append(kv)
+            x = x.sub(torch.tanh(self.head(h)), alpha=0.5)
         batch.carry["latent"] = x
+        batch.carry["kv"] = torch.stack(new, dim=1)  # the last pass's keys and values
+        batch.carry["rows"], batch.carry["slots"] = rows, ints[:, 4]
 
     @torch.inference_mode()
     def _finalize(self, batch: Batch) -> None:
-        past_k, past_v, mask = self._context(batch.rows)
-        _, kv = self._run(batch.carry["latent"], past_k, past_v, mask)
-        capacity = self.cache_k.shape[3]
-        for i, row in enumerate(batch.rows):
-            n = self.cache_len[row]
-            if n + TOKENS > capacity:  # slide the window: drop the oldest chunk
-                self.cache_k[row] = torch.roll(self.cache_k[row], -TOKENS, dims=2)
-                self.cache_v[row] = torch.roll(self.cache_v[row], -TOKENS, dims=2)
-                n -= TOKENS
-            for layer, (k, v) in enumerate(kv):
-                self.cache_k[row, layer, :, n : n + TOKENS] = k[i]
-                self.cache_v[row, layer, :, n : n + TOKENS] = v[i]
-            self.cache_len[row] = n + TOKENS
+        carry = batch.carry  # what HOT alone uses leaves it: DEFERRED gets the latent
+        rows, slots, kv = carry.pop("rows"), carry.pop("slots"), carry.pop("kv")
+        self.cache[rows, :, :, :, slots] = kv  # one write, every row's slot
+        for row in batch.rows:  # the bookkeeping of the ring, on the host
+            self.filled[row] = min(self.filled[row] + 1, self.window)
+            self.next_slot[row] = (self.next_slot[row] + 1) % self.window
 
     @torch.inference_mode()
     def _decode(self, batch: Batch) -> None:
         frames = self.decoder(batch.carry["latent"])
         asynchronous = self.device.type == "cuda"
+        # The one write: device to the step's slab slots (pinned: an async copy on
+        # the DEFERRED stream; the engine publishes after its event).
+        if batch.out_block is not None:
+            torch.from_numpy(batch.out_block).copy_(frames, non_blocking=asynchronous)
+            return
         for out, frame in zip(batch.out, frames, strict=True):
-            # The one write: device to the slab slot (pinned: an async copy on
-            # the DEFERRED stream; the engine publishes after its event).
             torch.from_numpy(out).copy_(frame, non_blocking=asynchronous)
 
     @torch.inference_mode()
     def _encode_prompt(self, batch: Batch) -> None:
-        for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
+        self._set_prompts(batch)
+        for session, cond in zip(batch.sessions, batch.conditioning, strict=True):
             if "prompt" in cond:
-                self.prompt[row] = self._embed(cond["prompt"])
                 self.encodes.append((session, cond["prompt"]))
 
-    def _embed(self, prompt: str) -> torch.Tensor:
-        ids = list(prompt.encode()[:PROMPT_BYTES]) or [-1]
-        tokens = torch.tensor([i + 1 for i in ids], device=self.device)
-        return torch.tanh(self.prompt_proj(self.bytes(tokens).mean(dim=0)))
+    def _set_prompts(self, batch: Batch) -> None:
+        """Embed the prompts of the rows that have one (all of them at seed: "" for
+        none) into their rows: their bytes in one copy, their embeddings in one write."""
+        picked = [
+            (r, c.get("prompt", "")) for r, c in zip(batch.rows, batch.conditioning, strict=True)
+        ]
+        ids = np.zeros((len(picked), 1 + PROMPT_BYTES), np.int64)
+        for i, (row, prompt) in enumerate(picked):
+            raw = np.frombuffer(prompt.encode()[:PROMPT_BYTES], np.uint8)
+            ids[i, 0] = row
+            ids[i, 1 : 1 + len(raw)] = raw.astype(np.int64) + 1
+        tokens = to_device(ids, self.device)
+        used = tokens[:, 1:] > 0
+        lengths = used.sum(dim=1, keepdim=True).clamp(min=1)
+        embedded = (self.bytes(tokens[:, 1:]) * used[..., None]).sum(dim=1) / lengths
+        # a product and a sum per row, not a matmul: BLAS takes another path for one
+        # row than for several, and a prompt must embed the same solo and batched
+        weight, bias = self.prompt_proj.weight, self.prompt_proj.bias
+        projected = torch.tanh((embedded[:, None, :] * weight).sum(dim=-1) + bias)
+        self.prompt.index_copy_(0, tokens[:, 0], projected)
