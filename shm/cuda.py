@@ -14,6 +14,8 @@ from typing import Any
 
 from shm.errors import SegmentError
 
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every device's context
+
 
 def register(address: int, size: int, name: str) -> bool:
     """Page-lock ``size`` bytes at ``address`` (of segment ``name``); False
@@ -26,7 +28,7 @@ def register(address: int, size: int, name: str) -> bool:
     if torch is None or not torch.cuda.is_available():
         return False
     cudart = torch.cuda.cudart()
-    rc = cudart.cudaHostRegister(address, size, 0)
+    rc = cudart.cudaHostRegister(address, size, HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
         raise SegmentError(
             f"cudaHostRegister of the {size:,} slot bytes of {name} failed with "

@@ -9,6 +9,8 @@ suites also run on it (the ``each_lanes`` fixture).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -239,3 +241,35 @@ def test_a_daemon_whose_device_fails_closes_and_its_clients_are_told_why(
     finally:
         d.stop()
     assert leftovers(shm_prefix) == []
+
+
+# -- 8. one daemon per GPU: --device --------------------------------------------------
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rte", "serve", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_serve_refuses_a_device_it_cannot_use_in_one_line(shm_prefix: str) -> None:
+    done = _serve("--name", shm_prefix, "--device", "gpu0")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--device 'gpu0': one of cpu, cuda, cuda:N" in done.stderr
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 8:
+        done = _serve("--name", shm_prefix, "--device", "cuda:7", "--model", "torch")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"torch sees {torch.cuda.device_count()} CUDA device" in done.stderr
+    assert leftovers(shm_prefix) == []
+
+
+def test_serve_puts_the_model_on_the_device_it_is_given(shm_prefix: str) -> None:
+    pytest.importorskip("torch")
+    d = DaemonProcess(shm_prefix, "--model", "torch", "--device", "cpu", "--max-sessions", "2")
+    try:
+        with d.client(timeout=60) as client:
+            client.attach("a")
+            assert client.poll(timeout=30) is not None
+    finally:
+        assert d.stop() == 0
+    assert "lanes=cpu device=cpu" in d.stderr

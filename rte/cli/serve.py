@@ -32,6 +32,11 @@ def add_parser(sub: Any) -> None:
         help="chunks a session may have emitted and not released before it waits for its "
         f"client (default {DEFAULT_CREDITS}; a client may ask for others per attach)",
     )
+    p.add_argument(
+        "--device",
+        help="where the model computes: cpu, cuda or cuda:N (one daemon per GPU; "
+        "default: the model's own choice)",
+    )
     p.add_argument("--pace-hz", type=float, default=0.0, help="steps per second (0: flat out)")
     p.add_argument(
         "--wait-policy", default="spin-then-block", choices=["spin", "spin-then-block", "block"]
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             pace_hz=args.pace_hz,
             wait_policy=args.wait_policy,
             idle_limit_s=args.idle_limit_s,
+            device=args.device,
         )
     except ConfigurationError as exc:
         print(f"rte serve: {exc}", file=sys.stderr)

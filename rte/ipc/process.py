@@ -73,7 +73,8 @@ def serve(
         bells.append(shared.bell)
         stack.callback(bells.clear)  # before the bell is closed: a late signal rings nothing
         core = DaemonCore(settings, shared, model)
-        pinned = shared.slab.pin()
+        # page-locked for the GPU's copies when the model computes on one
+        pinned = core.engine.lanes.device.startswith("cuda") and shared.slab.pin()
         if pinned:
             stack.callback(shared.slab.unpin)  # after the worker ended: no copy in flight
         worker = threading.Thread(target=core.run, args=(stopping,), name="rte-engine", daemon=True)
@@ -97,14 +98,53 @@ def serve(
 
 
 def _load(settings: Settings) -> StageModel:
+    extra = dict(settings.model_settings or {})
+    device = settings.device
+    if device is not None:
+        if device != "cpu":
+            _check_cuda(device)
+        extra["device"] = device
     try:
-        return load_model(
-            settings.model,
-            max_sessions=settings.max_sessions,
-            **dict(settings.model_settings or {}),
-        )
-    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        try:
+            model = load_model(settings.model, max_sessions=settings.max_sessions, **extra)
+        except TypeError as exc:  # a model that takes no device computes on the CPU
+            if device != "cpu" or "device" not in str(exc):
+                raise
+            del extra["device"]
+            model = load_model(settings.model, max_sessions=settings.max_sessions, **extra)
+    except TypeError as exc:
+        if "device" in extra and "device" in str(exc):
+            raise ConfigurationError(
+                f"--device {device}: model {settings.model} computes on the CPU; "
+                "a GPU needs a torch model (--model torch)"
+            ) from None
         raise ConfigurationError(f"--model {settings.model}: {exc}") from None
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--model {settings.model}: {exc}") from None
+    where = str(getattr(model, "device", "cpu"))
+    if (
+        device is not None
+        and where != device
+        and not (device == "cuda" and where.startswith("cuda"))
+    ):
+        raise ConfigurationError(f"--device {device}: model {settings.model} went to {where}")
+    return model
+
+
+def _check_cuda(device: str) -> None:
+    """ConfigurationError unless torch sees the CUDA device ``device``."""
+    try:
+        import torch  # noqa: PLC0415 (only for a CUDA device)
+    except ImportError:
+        raise ConfigurationError(
+            f"--device {device}: needs torch; install the extra: pip install -e '.[torch]'"
+        ) from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise ConfigurationError(
+            f"--device {device}: torch sees {count} CUDA device{'s' if count != 1 else ''} here"
+        )
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ an answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,9 @@ class Settings:
         idle_limit_s: a client that consumes nothing this long while its
             sessions wait has them detached, and is told why.
         model_settings: extra keyword arguments for the model's factory.
+        device: where the model computes, ``cpu``, ``cuda`` or ``cuda:N`` (one
+            daemon per GPU); None leaves it to the model. Given, it is passed to
+            the model's factory as ``device``.
     """
 
     name: str
@@ -58,6 +62,7 @@ class Settings:
     wait_policy: str = "spin-then-block"
     idle_limit_s: float = 30.0
     model_settings: Mapping[str, Any] | None = None
+    device: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -88,6 +93,8 @@ class Settings:
             raise ConfigurationError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
         if not self.idle_limit_s > 0:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
+        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigurationError(f"--device {self.device!r}: one of cpu, cuda, cuda:N")
         try:
             WaitPolicy(self.wait_policy)
         except ValueError:
