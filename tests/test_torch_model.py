@@ -273,3 +273,34 @@ def test_device_to_slab_copy_is_asynchronous_to_the_hot_stream() -> None:
     assert not copied.query()  # HOT finished while the copy was still running
     copied.synchronize()
     assert float(x.sum()) == 2048.0
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_graphs_give_the_eager_frames_and_the_step_never_syncs() -> None:
+    def run(graphs: bool) -> tuple[dict[tuple[str, int], np.ndarray[Any, Any]], Any]:
+        from tools.gpu_check import PinnedAllocator  # noqa: PLC0415 (outputs as in the slab)
+
+        model = TorchWorldModel(8, device="cuda", graphs=graphs)
+        engine = ComposedEngine(model, allocator=PinnedAllocator(model.manifest(), torch))
+        names = [f"s{i}" for i in range(5)]  # a padded size: 5 rows in a graph of 8
+        for s in names:
+            engine.attach(s, {"prompt": f"prompt of {s}"})
+        out = {}
+        for i in range(8):
+            if i == 4:
+                torch.cuda.set_sync_debug_mode("error")  # steady state: no host sync at all
+            try:
+                results = engine.step(names, {s: Action({"move": (i % 3 - 1, 1)}) for s in names})
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            out.update({(r.session, r.chunk): r.latent.copy() for r in results if r.has_chunk})
+        engine.close()
+        return out, model
+
+    eager, _ = run(False)
+    graphed, model = run(True)
+    assert model.hot_graphs.failed is None and model.decode_graphs.failed is None
+    assert eager.keys() == graphed.keys()
+    for key, frame in eager.items():
+        assert np.abs(frame.astype(int) - graphed[key].astype(int)).max() <= 2, key

@@ -50,15 +50,22 @@ class Staging:
         self._rows = rows
         return self._ints[self._next][:rows].numpy(), self._masks[self._next][:rows].numpy()
 
-    def upload(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """What was written, on the device (on the current stream)."""
+    def upload(
+        self, into: tuple[torch.Tensor, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What was written, on the device (on the current stream): new tensors, or
+        copied into the first rows of ``into`` (a CUDA graph's static inputs)."""
         k, rows = self._next, self._rows
         self._next = (k + 1) % len(self._ints)
         ints, mask = self._ints[k][:rows], self._masks[k][:rows]
-        if not self._cuda:
+        if into is not None:
+            ints = into[0][:rows].copy_(ints, non_blocking=True)
+            mask = into[1][:rows].copy_(mask, non_blocking=True)
+        elif not self._cuda:
             return ints, mask
-        ints = ints.to(self.device, non_blocking=True)
-        mask = mask.to(self.device, non_blocking=True)
+        else:
+            ints = ints.to(self.device, non_blocking=True)
+            mask = mask.to(self.device, non_blocking=True)
         event = torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]
         event.record()
         self._copied[k] = event

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rte.models.graphs import GraphSet, padded
 from rte.models.prompt_move import PromptMoveModel
 from rte.models.staging import Staging, to_device
 from rte.stages import Batch
@@ -116,6 +117,8 @@ class TorchWorldModel(PromptMoveModel):
     window: chunks of context each row's KV cache keeps.
     steps: denoising iterations per chunk.
     device: "cuda", "cuda:N" or "cpu"; CUDA when available, unless given.
+    graphs: on CUDA, run each step as CUDA graphs (HOT and DEFERRED, one per
+        padded batch size, captured on first use); default: on CUDA, yes.
     """
 
     name = "torch"
@@ -128,6 +131,7 @@ class TorchWorldModel(PromptMoveModel):
         window: int = 4,
         steps: int = 2,
         device: str | None = None,
+        graphs: bool | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.pipelined = pipelined
@@ -164,10 +168,11 @@ class TorchWorldModel(PromptMoveModel):
         self.noise = noise.to(self.device)
         # Per-row state lives on the device, one tensor each, row-indexed; the
         # host keeps only the bookkeeping that says where to write next.
+        # (one more row than the arena: padded graph rows write there)
         self.cache = torch.zeros(
-            (max_sessions, LAYERS, 2, HEADS, window, TOKENS, HEAD_DIM), device=self.device
+            (max_sessions + 1, LAYERS, 2, HEADS, window, TOKENS, HEAD_DIM), device=self.device
         )
-        self.prompt = torch.zeros(max_sessions, DIM, device=self.device)
+        self.prompt = torch.zeros(max_sessions + 1, DIM, device=self.device)
         self.filled = [0] * max_sessions  # chunks in each row's cache, up to ``window``
         self.next_slot = [0] * max_sessions  # where each row's next chunk goes (a ring)
         self.noise_base = [0] * max_sessions
@@ -175,6 +180,10 @@ class TorchWorldModel(PromptMoveModel):
         self._masks = np.stack([(visible < f) | (visible == window) for f in range(window + 1)])
         self.inputs = Staging(max_sessions, 5, window * TOKENS + TOKENS, self.device)
         self.encodes: list[tuple[str, str]] = []
+        cuda = self.device.type == "cuda"
+        self.graphs = cuda if graphs is None else graphs and cuda
+        self.hot_graphs = GraphSet(self._hot_step, self._hot_statics)
+        self.decode_graphs = GraphSet(self.decoder, self._decode_statics)
 
     # -- the StageModel contract -------------------------------------------
 
@@ -190,23 +199,27 @@ class TorchWorldModel(PromptMoveModel):
 
     # -- stages --------------------------------------------------------------
 
-    def _upload(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _upload(
+        self, batch: Batch, size: int, into: tuple[torch.Tensor, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's per-row inputs, on the device, in two copies whatever its size:
-        (B, 5) ints (row, noise index, dy, dx, cache slot to write) and the mask."""
-        ints, mask = self.inputs.host(len(batch.rows))
-        ints[:, 0] = batch.rows
-        ints[:, 1] = [
+        (rows, 5) ints (row, noise entry, dy, dx, cache slot to write) and the mask,
+        for ``size`` rows (rows past the batch go to the spare row)."""
+        n = len(batch.rows)
+        ints, mask = self.inputs.host(size)
+        ints[:n, 0] = batch.rows
+        ints[:n, 1] = [
             (self.noise_base[r] + NOISE_STRIDE * c) % NOISE_TABLE
             for r, c in zip(batch.rows, batch.chunks, strict=True)
         ]
-        ints[:, 2:4] = [c.get("move", (0, 0)) for c in batch.conditioning]
-        ints[:, 4] = [self.next_slot[r] for r in batch.rows]
-        mask[:] = self._masks[[self.filled[r] for r in batch.rows]]
-        return self.inputs.upload()
+        ints[:n, 2:4] = [c.get("move", (0, 0)) for c in batch.conditioning]
+        ints[:n, 4] = [self.next_slot[r] for r in batch.rows]
+        mask[:n] = self._masks[[self.filled[r] for r in batch.rows]]
+        ints[n:], ints[n:, 0], mask[n:] = 0, self.max_sessions, True
+        return self.inputs.upload(into)
 
-    @torch.inference_mode()
-    def _denoise(self, batch: Batch) -> None:
-        ints, mask = self._upload(batch)
+    def _hot(self, ints: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next latent of each row, and the keys and values its cache takes."""
         rows = ints[:, 0]
         moves = ints[:, 2:4].to(torch.float32)
         prompts = self.prompt.index_select(0, rows)
@@ -222,22 +235,61 @@ class TorchWorldModel(PromptMoveModel):
                 h, kv = block(h, past[:, layer], mask)
                 new.append(kv)
             x = x.sub(torch.tanh(self.head(h)), alpha=0.5)
-        batch.carry["latent"] = x
-        batch.carry["kv"] = torch.stack(new, dim=1)  # the last pass's keys and values
-        batch.carry["rows"], batch.carry["slots"] = rows, ints[:, 4]
+        return x, torch.stack(new, dim=1)  # the last pass's keys and values
+
+    def _write_cache(self, ints: torch.Tensor, kv: torch.Tensor) -> None:
+        self.cache[ints[:, 0], :, :, :, ints[:, 4]] = kv  # one write, every row's slot
+
+    def _hot_step(self, ints: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """HOT whole, as one graph captures it."""
+        x, kv = self._hot(ints, mask)
+        self._write_cache(ints, kv)
+        return x
+
+    def _hot_statics(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ints = torch.zeros((size, 5), dtype=torch.int64, device=self.device)
+        ints[:, 0] = self.max_sessions  # warm-up runs write the spare row only
+        mask = torch.ones(
+            (size, self.window * TOKENS + TOKENS), dtype=torch.bool, device=self.device
+        )
+        return ints, mask
+
+    def _decode_statics(self, size: int) -> tuple[torch.Tensor]:
+        return (torch.zeros((size, TOKENS, DIM), device=self.device),)
+
+    @torch.inference_mode()
+    def _denoise(self, batch: Batch) -> None:
+        n = len(batch.rows)
+        size = padded(n, self.max_sessions)
+        statics = self.hot_graphs.inputs(size) if self.graphs else None
+        if statics is not None:  # one graph: HOT and the cache write
+            self._upload(batch, size, into=statics)
+            batch.carry["latent"] = self.hot_graphs.replay(size)[:n].clone()
+            return
+        ints, mask = self._upload(batch, n)
+        batch.carry["latent"], batch.carry["kv"] = self._hot(ints, mask)
+        batch.carry["ints"] = ints
 
     @torch.inference_mode()
     def _finalize(self, batch: Batch) -> None:
         carry = batch.carry  # what HOT alone uses leaves it: DEFERRED gets the latent
-        rows, slots, kv = carry.pop("rows"), carry.pop("slots"), carry.pop("kv")
-        self.cache[rows, :, :, :, slots] = kv  # one write, every row's slot
+        if "kv" in carry:  # (a graph wrote the cache already)
+            self._write_cache(carry.pop("ints"), carry.pop("kv"))
         for row in batch.rows:  # the bookkeeping of the ring, on the host
             self.filled[row] = min(self.filled[row] + 1, self.window)
             self.next_slot[row] = (self.next_slot[row] + 1) % self.window
 
     @torch.inference_mode()
     def _decode(self, batch: Batch) -> None:
-        frames = self.decoder(batch.carry["latent"])
+        latent = batch.carry["latent"]
+        n = len(batch.rows)
+        size = padded(n, self.max_sessions)
+        statics = self.decode_graphs.inputs(size) if self.graphs else None
+        if statics is not None:
+            statics[0][:n].copy_(latent)
+            frames = self.decode_graphs.replay(size)[:n]
+        else:
+            frames = self.decoder(latent)
         asynchronous = self.device.type == "cuda"
         # The one write: device to the step's slab slots (pinned: an async copy on
         # the DEFERRED stream; the engine publishes after its event).
