@@ -106,6 +106,9 @@ def _take(value: Any, positions: list[int]) -> Any:
     """The rows ``positions`` of one carry value: lists are picked, arrays indexed."""
     if isinstance(value, list):
         return [value[p] for p in positions]
+    first = positions[0] if positions else 0
+    if positions == list(range(first, first + len(positions))):
+        return value[first : first + len(positions)]  # a view: nothing copied to a device
     return value[positions]  # NumPy and torch both index with a list of ints
 
 
