@@ -91,6 +91,7 @@ class ComposedEngine:
         self._midrun_attach = midrun_attach
         device = str(getattr(model, "device", "cpu"))
         self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes, device)
+        allocator = allocator or self.lanes.output_allocator(self._manifest)
         self._output = InFlight(allocator or HeapAllocator(self._manifest))
         self._rows: list[Row | None] = [None] * self._manifest.max_sessions
         self._age = np.zeros(self._manifest.max_sessions, np.int64)  # chunks generated, per row
@@ -118,9 +119,8 @@ class ComposedEngine:
             )
         free = next((i for i, r in enumerate(self._rows) if r is None), None)
         if free is None:
-            n = len(self._rows)
             raise AdmissionError(
-                f"session {session!r} refused: all {n} rows are in use; "
+                f"session {session!r} refused: all {len(self._rows)} rows are in use; "
                 "detach a session or retry later"
             )
         check_conditioning(self._model, self._keys, conditioning or {})
@@ -205,13 +205,15 @@ class ComposedEngine:
 
     def close(self) -> None:
         """Wait for every lane and refuse further calls. Sessions are not detached."""
-        if not self._closed:
-            self._closed = True
-            try:
-                self.lanes.close()
-            except Exception:
-                if self._fault is None:  # a failed device's error was raised already
-                    raise
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.lanes.close()
+        except LanesFault as fault:
+            if self._fault is None:  # first seen now: say it as everywhere else
+                self._fault = fault
+                raise EngineFault(f"the engine's device failed: {fault}") from fault
 
     def __enter__(self) -> ComposedEngine:
         return self
@@ -334,10 +336,8 @@ class ComposedEngine:
         except LanesFault as fault:
             self._fault = fault
             self._output.discard()
-            raise EngineFault(
-                f"the engine's device failed and stays failed: {fault.__cause__ or fault}; "
-                "nothing more can run on it (start a new engine process)"
-            ) from fault
+            why = f"{fault.__cause__ or fault}; nothing more can run on it (start a new process)"
+            raise EngineFault(f"the engine's device failed and stays failed: {why}") from fault
         except Exception:
             if not quiet:
                 raise
@@ -345,8 +345,8 @@ class ComposedEngine:
     # -- helpers ----------------------------------------------------------
 
     def _apply_all(self, actions: Mapping[str, Action]) -> dict[str, str]:
-        """Apply every well-formed action; return the refused sessions (a malformed
-        action is refused for its session only) with why: they sit this step out."""
+        """Apply every well-formed action; return the refused ones (each for its own
+        session only) with why: they sit this step out."""
         rows = [(self._lookup(s), a) for s, a in actions.items()]
         rejected = {}
         for row, action in rows:

@@ -98,6 +98,11 @@ class Lanes:
     def close(self) -> None:
         """Release lane resources; outstanding encodes are waited for first."""
 
+    def output_allocator(self, manifest: Any) -> Any:
+        """The allocator an engine on these lanes writes chunks with when it is given
+        none (None: the heap's); on CUDA, page-locked blocks."""
+        return None
+
 
 class _FutureCompletion:
     def __init__(self, future: Future[object]) -> None:
@@ -181,6 +186,8 @@ class StreamBackend(Protocol):
 
     def hand_over(self, value: object, stream: Any) -> None: ...
 
+    def output_allocator(self, manifest: Any) -> Any: ...
+
 
 class LanesFault(RuntimeError):
     """The device failed and stays failed (a sticky CUDA error): nothing more can
@@ -242,6 +249,9 @@ class CudaLanes(Lanes):
 
     def publish(self) -> None:
         self.backend.host_wait(self.mark(Lane.DEFERRED))
+
+    def output_allocator(self, manifest: Any) -> Any:
+        return self.backend.output_allocator(manifest)
 
     def submit_encode(self, fn: Callable[[Any], object], arg: Any) -> Completion:
         stream = self._stream(Lane.ENCODE)

@@ -155,6 +155,10 @@ class SimCuda:
     def hand_over(self, value: object, stream: SimStream) -> None:
         """Nothing to keep alive: NumPy arrays are not recycled under a stream."""
 
+    def output_allocator(self, manifest: Any) -> None:
+        """The heap's: host memory is all there is."""
+        return None
+
     # -- the machinery -----------------------------------------------------------
 
     def _new(self, lane: str) -> SimStream:

@@ -47,7 +47,10 @@ class Batch:
     conditioning: list[dict[str, Any]]
     carry: dict[str, Any] = field(default_factory=dict)
     out: list[np.ndarray[Any, Any]] = field(default_factory=list)
-    out_block: np.ndarray[Any, Any] | None = None  # ``out`` as one array, when it is one
+    # ``out`` as one (n, *shape) array, when it is one: set by the allocator (its rows
+    # ``strides[0]`` bytes apart, every byte between them the batch's: a slab run), or
+    # by the engine when the rows lie end to end
+    out_block: np.ndarray[Any, Any] | None = None
     generated_ns: int = 0
     ready: object = None  # a lane marker set after HOT; DEFERRED waits for it
     source: tuple[Batch, list[int]] | None = None  # a subset's whole batch and positions
@@ -80,16 +83,12 @@ class Batch:
 
 
 def one_block(buffers: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
-    """``buffers`` as one writable ``(n, *shape)`` view when they lie at one stride
-    apart in one allocation (a slab run, a heap block); else None."""
+    """``buffers`` as one writable ``(n, *shape)`` array when they lie end to end in
+    memory; else None."""
     first = buffers[0] if buffers else None
     if first is None or not first.flags.writeable or not first.flags.c_contiguous:
         return None
-    if len(buffers) == 1:
-        return first[None]
-    step = buffers[1].ctypes.data - first.ctypes.data
-    if step < first.nbytes:
-        return None
+    step = first.nbytes
     for i, buffer in enumerate(buffers):
         if (
             buffer.ctypes.data != first.ctypes.data + i * step
@@ -109,6 +108,11 @@ def _take(value: Any, positions: list[int]) -> Any:
     first = positions[0] if positions else 0
     if positions == list(range(first, first + len(positions))):
         return value[first : first + len(positions)]  # a view: nothing copied to a device
+    if getattr(value, "is_cuda", False):  # a torch tensor: torch is loaded
+        import torch  # noqa: PLC0415
+
+        index = torch.tensor(positions).pin_memory().to(value.device, non_blocking=True)
+        return value.index_select(0, index)  # (a list index would copy it synchronously)
     return value[positions]  # NumPy and torch both index with a list of ints
 
 
@@ -222,7 +226,8 @@ class HeapAllocator:
         self._dtype = np.dtype(manifest.latent_dtype)
 
     def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
-        return list(np.empty((len(batch.rows), *self._shape), self._dtype))
+        block = batch.out_block = np.empty((len(batch.rows), *self._shape), self._dtype)
+        return list(block)
 
     def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
         return None
@@ -288,12 +293,14 @@ class InFlight:
 
     def allocate(self, batch: Batch) -> None:
         """Fill ``batch.out`` from the allocator; the buffers count as not yet emitted."""
+        batch.out_block = None
         buffers = self.allocator.allocate(batch)
         self._unemitted.append((batch, buffers))
         if len(buffers) != len(batch.rows):
             raise ValueError(f"allocate gave {len(buffers)} buffers for {len(batch.rows)} rows")
         batch.out = buffers
-        batch.out_block = one_block(buffers)
+        if batch.out_block is None:
+            batch.out_block = one_block(buffers)
 
     def emitted(self) -> None:
         """Everything allocated so far is in the results about to be returned."""

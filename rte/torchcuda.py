@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from rte.lanes import Lane
@@ -83,3 +84,25 @@ class TorchCuda:
         elif isinstance(value, list | tuple):
             for item in value:
                 self.hand_over(item, stream)
+
+    def output_allocator(self, manifest: Any) -> PinnedHeap:
+        return PinnedHeap(manifest)
+
+
+class PinnedHeap:
+    """An in-process engine's chunks on CUDA: each batch's block page-locked (from
+    torch's caching host allocator, which keeps a block until the copies into it
+    are done), so the decode's device-to-host copy is asynchronous, as it is into
+    the daemon's pinned slab."""
+
+    def __init__(self, manifest: Any) -> None:
+        self._shape = tuple(manifest.latent_shape)
+        self._dtype = torch.from_numpy(np.empty(0, manifest.latent_dtype)).dtype
+
+    def allocate(self, batch: Any) -> list[np.ndarray[Any, Any]]:
+        block = torch.empty((len(batch.rows), *self._shape), dtype=self._dtype, pin_memory=True)
+        batch.out_block = block.numpy()
+        return list(batch.out_block)
+
+    def discard(self, batch: Any, buffers: list[np.ndarray[Any, Any]]) -> None:
+        return None

@@ -17,9 +17,11 @@ from shm.errors import SegmentError
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every device's context
 
 
-def register(address: int, size: int, name: str) -> bool:
+def register(address: int, size: int, name: str, device: int | None = None) -> bool:
     """Page-lock ``size`` bytes at ``address`` (of segment ``name``); False
-    without torch with CUDA.
+    without torch with CUDA. ``device``: the GPU whose context does it (the
+    pages are portable: every device's copies see them as page-locked), so a
+    daemon on GPU N creates no context on GPU 0.
 
     Raises:
         SegmentError: cudaHostRegister refused.
@@ -28,7 +30,8 @@ def register(address: int, size: int, name: str) -> bool:
     if torch is None or not torch.cuda.is_available():
         return False
     cudart = torch.cuda.cudart()
-    rc = cudart.cudaHostRegister(address, size, HOST_REGISTER_PORTABLE)
+    with torch.cuda.device(device):  # None: the current device
+        rc = cudart.cudaHostRegister(address, size, HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
         raise SegmentError(
             f"cudaHostRegister of the {size:,} slot bytes of {name} failed with "
@@ -37,7 +40,7 @@ def register(address: int, size: int, name: str) -> bool:
     return True
 
 
-def unregister(address: int, name: str) -> None:
+def unregister(address: int, name: str, device: int | None = None) -> None:
     """Undo :func:`register` (before the segment is unmapped).
 
     Raises:
@@ -45,8 +48,10 @@ def unregister(address: int, name: str) -> None:
             until the process exits, and CUDA keeps the failure as its last
             error, which torch reports again at its next CUDA call.
     """
-    cudart = sys.modules["torch"].cuda.cudart()
-    rc = cudart.cudaHostUnregister(address)
+    torch = sys.modules["torch"]
+    cudart = torch.cuda.cudart()
+    with torch.cuda.device(device):
+        rc = cudart.cudaHostUnregister(address)
     if int(rc) != 0:
         raise SegmentError(
             f"cudaHostUnregister of the slots of {name} failed with {_error(cudart, rc)}; "

@@ -179,6 +179,7 @@ class Slab:
         if self.data_offset + self.slots * self.slot_size > segment.size:
             raise SegmentError(f"{segment.name}: slab at {offset} runs past the segment")
         self._pinned = False
+        self._pin_device: int | None = None
         self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
         self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
         self._typed: dict[tuple[Any, ...], Any] = {}  # shm.batch.typed's views
@@ -357,18 +358,17 @@ class Slab:
 
     # -- CUDA -------------------------------------------------------------
 
-    def pin(self) -> bool:
-        """Register the slots as page-locked with CUDA; False (a no-op) without
-        torch with CUDA already imported (see :mod:`shm.cuda`).
+    def pin(self, device: int | None = None) -> bool:
+        """Register the slots as page-locked with CUDA, from ``device``'s context;
+        False (a no-op) without torch with CUDA imported (see :mod:`shm.cuda`).
 
         Raises:
             SegmentError: cudaHostRegister refused the slots.
         """
-        if self._pinned:
-            return True
-        self._pinned = cuda.register(
-            self.slot_address(0), self.slots * self.slot_size, self.segment.name
-        )
+        if not self._pinned:
+            size = self.slots * self.slot_size
+            self._pinned = cuda.register(self.slot_address(0), size, self.segment.name, device)
+            self._pin_device = device
         return self._pinned
 
     def unpin(self) -> None:
@@ -380,7 +380,7 @@ class Slab:
         """
         if self._pinned:
             self._pinned = False
-            cuda.unregister(self.slot_address(0), self.segment.name)
+            cuda.unregister(self.slot_address(0), self.segment.name, self._pin_device)
 
     # -- helpers ----------------------------------------------------------
 

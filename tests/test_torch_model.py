@@ -279,10 +279,8 @@ def test_device_to_slab_copy_is_asynchronous_to_the_hot_stream() -> None:
 @cuda
 def test_cuda_graphs_give_the_eager_frames_and_the_step_never_syncs() -> None:
     def run(graphs: bool) -> tuple[dict[tuple[str, int], np.ndarray[Any, Any]], Any]:
-        from tools.gpu_check import PinnedAllocator  # noqa: PLC0415 (outputs as in the slab)
-
         model = TorchWorldModel(8, device="cuda", graphs=graphs)
-        engine = ComposedEngine(model, allocator=PinnedAllocator(model.manifest(), torch))
+        engine = ComposedEngine(model)  # its outputs page-locked, as the slab is
         names = [f"s{i}" for i in range(5)]  # a padded size: 5 rows in a graph of 8
         for s in names:
             engine.attach(s, {"prompt": f"prompt of {s}"})

@@ -57,15 +57,14 @@ class Check:
         self.lanes = "sim" if simulate else "auto"
         self.cuda = not simulate
 
-    def engine(self, sessions: int, *, graphs: bool | None = None, pinned: bool = True) -> Any:
+    def engine(self, sessions: int, *, graphs: bool | None = None) -> Any:
         """An engine over the world model with ``sessions`` attached, warmed up (its
         model is ``engine.model``)."""
         from rte import ComposedEngine  # noqa: PLC0415
         from rte.models.world import TorchWorldModel  # noqa: PLC0415
 
         model = TorchWorldModel(sessions, device=self.device, graphs=graphs)
-        allocator = PinnedAllocator(model.manifest(), self.torch) if pinned and self.cuda else None
-        engine = ComposedEngine(model, lanes=self.lanes, allocator=allocator)
+        engine = ComposedEngine(model, lanes=self.lanes)  # on CUDA: pinned outputs
         engine.model = model  # type: ignore[attr-defined]
         for i in range(sessions):
             engine.attach(f"s{i}", {"prompt": f"world {i}"})
@@ -76,26 +75,6 @@ class Check:
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
-
-
-class PinnedAllocator:
-    """Output rows from page-locked blocks (the daemon's slab is pinned likewise), so
-    the decode's device-to-host copy is asynchronous in process too."""
-
-    def __init__(self, manifest: Any, torch: Any, blocks: int = 8) -> None:
-        shape = (manifest.max_sessions, *manifest.latent_shape)
-        self._blocks = [
-            torch.empty(shape, dtype=torch.uint8).pin_memory().numpy() for _ in range(blocks)
-        ]
-        self._next = 0
-
-    def allocate(self, batch: Any) -> list[Any]:
-        block = self._blocks[self._next]
-        self._next = (self._next + 1) % len(self._blocks)
-        return list(block[: len(batch.rows)])
-
-    def discard(self, batch: Any, buffers: list[Any]) -> None:
-        return None
 
 
 def sessions_of(engine: Any) -> list[str]:

@@ -69,6 +69,7 @@ class SlabAllocator:
                 loan = self.slab.loan_batch(owner.index, n, self.dtype, self.shape)
                 if positions is None:
                     buffers = loan.rows
+                    batch.out_block = loan.block  # one run of slots (None if scattered)
                     lease = Lease(owner, loan, sessions, chunks, batch.generated_ns)
                 else:
                     for position, row in zip(positions, loan.rows, strict=True):

@@ -188,12 +188,16 @@ class DaemonCore:
         if self.failure is not None:  # clients' EngineGone says it
             self.control.set_reason(f"{type(self.failure).__name__}: {self.failure}")
         self.control.set_state(DaemonState.STOPPING)
-        if not isinstance(self.failure, EngineFault):  # a failed device finalizes nothing
-            for session in [*self.router.owners, *self._orphans]:
-                self._detach(session)
+        try:
+            if not isinstance(self.failure, EngineFault):  # a failed device finalizes nothing
+                for session in [*self.router.owners, *self._orphans]:
+                    self._detach(session)
+            self.engine.close()
+        except EngineFault as fault:  # the device failed while stopping: say so, stop anyway
+            log.error("the engine's device failed while stopping: %s", fault)
+            self.failure = self.failure or fault
         for connection in self.table.connections.values():
             connection.flush()
-        self.engine.close()
 
     # -- 2. requests --------------------------------------------------------
 

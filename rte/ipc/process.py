@@ -28,14 +28,14 @@ from types import FrameType
 from typing import TypeVar
 
 from rte.contract import Manifest
-from rte.errors import ConfigurationError, DaemonRunningError
+from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState, Layout
 from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.names import DaemonNames
 from rte.ipc.settings import Settings
 from rte.models import load_model
 from rte.stages import StageModel
-from shm import Doorbell, Ring, Segment, ShmError, Slab
+from shm import Doorbell, Ring, Segment, SegmentError, ShmError, Slab
 from shm.lock import NameLock, NameLockHeld
 from shm.segment import HEADER_SIZE
 
@@ -74,9 +74,10 @@ def serve(
         stack.callback(bells.clear)  # before the bell is closed: a late signal rings nothing
         core = DaemonCore(settings, shared, model)
         # page-locked for the GPU's copies when the model computes on one
-        pinned = core.engine.lanes.device.startswith("cuda") and shared.slab.pin()
+        device = core.engine.lanes.device
+        pinned = device.startswith("cuda:") and shared.slab.pin(int(device.partition(":")[2]))
         if pinned:
-            stack.callback(shared.slab.unpin)  # after the worker ended: no copy in flight
+            stack.callback(_unpin, shared.slab, core)  # after the worker ended: no copy in flight
         worker = threading.Thread(target=core.run, args=(stopping,), name="rte-engine", daemon=True)
         shared.control.set_state(DaemonState.READY)
         worker.start()
@@ -95,6 +96,17 @@ def serve(
             log.error("the serve loop did not stop in %gs; cleaning up under it", STOP_TIMEOUT_S)
     if core is not None and core.failure is not None:
         raise core.failure
+
+
+def _unpin(slab: Slab, core: DaemonCore) -> None:
+    """Unpin the slab; after a device failure, CUDA may refuse: that is said, not raised
+    (the device's failure is what the daemon reports)."""
+    try:
+        slab.unpin()
+    except SegmentError as exc:
+        if not isinstance(core.failure, EngineFault):
+            raise
+        log.warning("%s", exc)
 
 
 def _load(settings: Settings) -> StageModel:

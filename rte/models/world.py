@@ -180,10 +180,11 @@ class TorchWorldModel(PromptMoveModel):
         self._masks = np.stack([(visible < f) | (visible == window) for f in range(window + 1)])
         self.inputs = Staging(max_sessions, 5, window * TOKENS + TOKENS, self.device)
         self.encodes: list[tuple[str, str]] = []
+        self._slot_rows: dict[tuple[int, int], torch.Tensor] = {}  # frames padded to slots
         cuda = self.device.type == "cuda"
         self.graphs = cuda if graphs is None else graphs and cuda
-        self.hot_graphs = GraphSet(self._hot_step, self._hot_statics)
-        self.decode_graphs = GraphSet(self.decoder, self._decode_statics)
+        self.hot_graphs = GraphSet(self._hot_step, self._hot_statics, max_sessions)
+        self.decode_graphs = GraphSet(self.decoder, self._decode_statics, max_sessions)
 
     # -- the StageModel contract -------------------------------------------
 
@@ -290,14 +291,31 @@ class TorchWorldModel(PromptMoveModel):
             frames = self.decode_graphs.replay(size)[:n]
         else:
             frames = self.decoder(latent)
-        asynchronous = self.device.type == "cuda"
         # The one write: device to the step's slab slots (pinned: an async copy on
         # the DEFERRED stream; the engine publishes after its event).
-        if batch.out_block is not None:
-            torch.from_numpy(batch.out_block).copy_(frames, non_blocking=asynchronous)
+        asynchronous = self.device.type == "cuda"
+        block = batch.out_block
+        if block is None:  # scattered slots: a copy each
+            for out, frame in zip(batch.out, frames, strict=True):
+                torch.from_numpy(out).copy_(frame, non_blocking=asynchronous)
             return
-        for out, frame in zip(batch.out, frames, strict=True):
-            torch.from_numpy(out).copy_(frame, non_blocking=asynchronous)
+        stride, nbytes = block.strides[0], block[0].nbytes
+        if stride == nbytes:
+            torch.from_numpy(block).copy_(frames, non_blocking=asynchronous)
+            return
+        # Slots are page-rounded: copy the run's bytes whole, each frame padded to a
+        # slot, so the copy stays one contiguous page-locked transfer (a strided
+        # destination would go through a pageable temporary and block the host).
+        span = np.lib.stride_tricks.as_strided(
+            block[0].reshape(-1).view(np.uint8), (n, stride), (stride, 1), writeable=True
+        )
+        slots = self._slot_rows.get((n, stride))
+        if slots is None:  # zeroed once, reused by every step on this (DEFERRED) stream
+            slots = self._slot_rows[n, stride] = torch.zeros(
+                (n, stride), dtype=torch.uint8, device=self.device
+            )
+        slots[:, :nbytes].copy_(frames.reshape(n, -1))
+        torch.from_numpy(span).copy_(slots, non_blocking=asynchronous)
 
     @torch.inference_mode()
     def _encode_prompt(self, batch: Batch) -> None:
