@@ -9,6 +9,7 @@ GPU, registering is a no-op that says so.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -30,7 +31,7 @@ def register(address: int, size: int, name: str, device: int | None = None) -> b
     if torch is None or not torch.cuda.is_available():
         return False
     cudart = torch.cuda.cudart()
-    with torch.cuda.device(device):  # None: the current device
+    with _on(torch, device):
         rc = cudart.cudaHostRegister(address, size, HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
         raise SegmentError(
@@ -50,7 +51,7 @@ def unregister(address: int, name: str, device: int | None = None) -> None:
     """
     torch = sys.modules["torch"]
     cudart = torch.cuda.cudart()
-    with torch.cuda.device(device):
+    with _on(torch, device):
         rc = cudart.cudaHostUnregister(address)
     if int(rc) != 0:
         raise SegmentError(
@@ -58,6 +59,11 @@ def unregister(address: int, name: str, device: int | None = None) -> None:
             "the pages may stay page-locked until this process exits (unpin from the "
             "process and CUDA context that pinned them, before closing the segment)"
         )
+
+
+def _on(torch: Any, device: int | None) -> Any:
+    """``device``'s context current for a call (None: whichever is current)."""
+    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
 
 def _error(cudart: Any, rc: Any) -> str:

@@ -273,3 +273,40 @@ def test_serve_puts_the_model_on_the_device_it_is_given(shm_prefix: str) -> None
     finally:
         assert d.stop() == 0
     assert "lanes=cpu device=cpu" in d.stderr
+
+
+# -- 5. unpinning says when CUDA refuses -----------------------------------------------
+
+
+def test_unpinning_memory_cuda_refuses_raises_with_cudas_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA's refusal is raised, never left as its last error for a later launch to
+    report. The runtime's answer is stood in for here (no GPU); the gpu-marked test
+    below asks the real one."""
+    torch = pytest.importorskip("torch")
+    from shm import SegmentError, cuda  # noqa: PLC0415
+
+    class Refusing:
+        def cudaHostUnregister(self, address: int) -> int:  # CUDA's own names
+            return 713
+
+        def cudaGetErrorString(self, rc: int) -> str:
+            return "part or all of the requested memory range is not registered"
+
+    monkeypatch.setattr(torch.cuda, "cudart", Refusing)
+    with pytest.raises(SegmentError, match=r"CUDA error 713 .*not registered"):
+        cuda.unregister(4096, "a slab")
+
+
+@pytest.mark.gpu
+def test_unpinning_memory_never_pinned_raises_on_a_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from shm import SegmentError, cuda  # noqa: PLC0415
+
+    memory = np.empty(1 << 20, np.uint8)
+    with pytest.raises(SegmentError, match="cudaHostUnregister"):
+        cuda.unregister(memory.ctypes.data, "an unpinned array")
+    torch.cuda.synchronize()  # and CUDA's last error was not left set
