@@ -37,6 +37,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--name", help="attach to this running daemon instead of launching one")
     p.add_argument("--model", default="reference", help="short name or module:factory")
+    p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument("--sessions", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--png", help="write a contact sheet of decoded frames to this PNG file")
@@ -49,6 +50,7 @@ def demo(args: argparse.Namespace) -> int:
     if args.name is None:
         command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
         command += ["--max-sessions", str(max(args.sessions, 1))]
+        command += ["--device", args.device] if args.device else []
         daemon = subprocess.Popen(command)
     try:
         with connect(name, timeout=60) as client:
