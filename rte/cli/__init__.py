@@ -3,7 +3,11 @@
 rte serve       run the engine daemon (the product)
 rte demo        launch a daemon, stream sessions from a client, show rates
 rte inspect     read live daemons' rings, slab and counters
+rte clean       remove what a dead daemon left in /dev/shm
 rte bench       the benchmarks of a source checkout (tools/)
+
+A mistake is one line on stderr and a non-zero exit (2 for settings that
+cannot hold, 130 for Ctrl-C); ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -12,17 +16,40 @@ import argparse
 import sys
 
 import rte
-from rte.cli import bench, demo, inspect, serve
+from rte.cli import bench, clean, demo, inspect, serve
+from rte.errors import ConfigurationError, RteError
+from shm import ShmError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rte", description="A realtime inference engine.")
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
+    parser.add_argument("--debug", "-v", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (serve, demo, inspect, bench):
+    for command in (serve, demo, inspect, clean, bench):
         command.add_parser(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"rte {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"rte {args.command}: {one_line(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigurationError) else 1
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as a user reads it: what went wrong, on one line. Errors of rte and
+    of the system say it themselves; anything else is a bug, named as one."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, RteError | ShmError | OSError | ValueError):
+        return text
+    return f"{type(exc).__name__}: {text} (a bug: run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

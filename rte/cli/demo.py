@@ -15,6 +15,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import zlib
@@ -24,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from rte.client import EngineClient, connect
+from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.names import DaemonNames
 
 SHEET_COLUMNS = 8
+CONNECT_TIMEOUT_S = 60.0
 
 
 def add_parser(sub: Any) -> None:
@@ -45,36 +48,77 @@ def add_parser(sub: Any) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
+    png = Path(args.png) if args.png else None
+    if png is not None:
+        _check_writable(png)  # before anything streams
+    if args.sessions < 1:
+        raise ConfigurationError(f"--sessions {args.sessions}: at least 1")
     name = args.name or f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    daemon = None
+    daemon, said = None, tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed below)
     if args.name is None:
         command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
         command += ["--max-sessions", str(max(args.sessions, 1))]
         command += ["--device", args.device] if args.device else []
-        daemon = subprocess.Popen(command)
+        daemon = subprocess.Popen(command, stderr=said)
     try:
-        with connect(name, timeout=60) as client:
-            sheet = _stream(client, args.sessions, args.seconds, want_frames=bool(args.png))
-        if args.png and sheet is not None:
-            write_png(Path(args.png), sheet)
-            print(f"contact sheet: {args.png} ({sheet.shape[1]}x{sheet.shape[0]})")
+        with _connect(name, daemon, said) as client:
+            sheet, interrupted = _stream(client, args.sessions, args.seconds, png is not None)
+        if png is not None and sheet is not None:
+            write_png(png, sheet)
+            print(f"contact sheet: {png} ({sheet.shape[1]}x{sheet.shape[0]})")
     finally:
+        said.close()
         if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait(10)
-                DaemonNames(name).remove_leftovers()
-            left = DaemonNames(name).leftovers()
-            print(f"daemon stopped; left in /dev/shm: {left or 'nothing'}")
+            _stop(daemon, name)
+    if interrupted:
+        print("rte demo: interrupted; the summary above is of what came before", file=sys.stderr)
+        return 130
     return 0
+
+
+def _check_writable(png: Path) -> None:
+    folder = png.parent if str(png.parent) else Path(".")
+    if png.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ConfigurationError(f"--png {png}: cannot write there")
+
+
+def _connect(name: str, daemon: subprocess.Popen[bytes] | None, said: Any) -> EngineClient:
+    """A client of ``name``; if the daemon this demo launched exits first, its own
+    words, at once (not after connect's timeout)."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            return connect(name, timeout=0.25 if daemon is not None else CONNECT_TIMEOUT_S)
+        except EngineGone:
+            if daemon is not None and daemon.poll() is not None:
+                said.seek(0)
+                lines = said.read().strip().splitlines() or ["(it said nothing)"]
+                why = lines[-1].removeprefix("rte serve: ")
+                raise EngineGone(
+                    f"the daemon did not start (exit {daemon.returncode}): {why}"
+                ) from None
+            if time.monotonic() > deadline:
+                raise
+
+
+def _stop(daemon: subprocess.Popen[bytes], name: str) -> None:
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait(10)
+        DaemonNames(name).remove_leftovers()
+    if daemon.returncode in (0, -signal.SIGTERM):
+        left = DaemonNames(name).leftovers()
+        print(f"daemon stopped; left in /dev/shm: {left or 'nothing'}")
 
 
 def _stream(
     client: EngineClient, n: int, seconds: float, want_frames: bool
-) -> np.ndarray[Any, Any] | None:
+) -> tuple[np.ndarray[Any, Any] | None, bool]:
+    """Stream ``n`` sessions for ``seconds``; the contact sheet (if wanted) and whether
+    Ctrl-C cut it short."""
     sessions = [f"session-{i}" for i in range(n)]
     for i, session in enumerate(sessions):
         client.attach(session, {"prompt": f"world {i}", "move": (0, 0)})
@@ -86,6 +130,34 @@ def _stream(
     )
     latency: dict[str, list[int]] = {s: [] for s in sessions}
     frames: dict[str, list[np.ndarray[Any, Any]]] = {s: [] for s in sessions}
+    start = time.monotonic()
+    try:
+        _steer_and_take(client, sessions, seconds, latency, frames, want_frames)
+        interrupted = False
+    except KeyboardInterrupt:  # Ctrl-C: the summary of what came, not a traceback
+        interrupted = True
+    elapsed = time.monotonic() - start
+    for session in sessions:
+        client.detach(session)
+    print(f"{'session':<12}{'chunks':>8}{'chunks/s':>10}{'latency p50 ms':>16}{'p99 ms':>9}")
+    for session in sessions:
+        lat = np.asarray(latency[session], dtype=np.float64) / 1e6
+        p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
+        print(f"{session:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>16.3f}{p99:>9.3f}")
+    if not want_frames:
+        return None, interrupted
+    return contact_sheet([frames[s] for s in sessions]), interrupted
+
+
+def _steer_and_take(
+    client: EngineClient,
+    sessions: list[str],
+    seconds: float,
+    latency: dict[str, list[int]],
+    frames: dict[str, list[np.ndarray[Any, Any]]],
+    want_frames: bool,
+) -> None:
+    """Take chunks for ``seconds``, steering every half second and saying the rate."""
     start = time.monotonic()
     next_report = start + 0.5
     steer = 0
@@ -108,17 +180,6 @@ def _stream(
                 f"  {now - start:4.1f}s  {total / (now - start):9.1f} chunks/s in all", flush=True
             )
             next_report += 0.5
-    elapsed = time.monotonic() - start
-    for session in sessions:
-        client.detach(session)
-    print(f"{'session':<12}{'chunks':>8}{'chunks/s':>10}{'latency p50 ms':>16}{'p99 ms':>9}")
-    for session in sessions:
-        lat = np.asarray(latency[session], dtype=np.float64) / 1e6
-        p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
-        print(f"{session:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>16.3f}{p99:>9.3f}")
-    if not want_frames:
-        return None
-    return contact_sheet([frames[s] for s in sessions])
 
 
 def contact_sheet(rows: list[list[np.ndarray[Any, Any]]]) -> np.ndarray[Any, Any] | None:

@@ -1,0 +1,143 @@
+"""The command line, through real subprocesses: every mistake is one line on stderr
+and a non-zero exit, never a traceback (unless ``--debug``), and never a wait
+for something that cannot come."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from daemon_harness import DaemonProcess, leftovers
+
+import rte
+from shm.names import objects, shm_name
+
+
+def rte_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rte", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.count("\n") == 1, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
+def demo_leftovers(pid: int) -> list[str]:
+    return objects(shm_name(f"demo-{pid}-x")[: -len("x")])  # the demo names its daemon so
+
+
+def test_version() -> None:
+    done = rte_command("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"rte {rte.__version__}"
+
+
+def test_demo_streams_writes_its_png_and_leaves_nothing(tmp_path: Path) -> None:
+    png = tmp_path / "sheet.png"
+    done = subprocess.Popen(
+        [sys.executable, "-m", "rte", "demo", "--seconds", "1", "--png", str(png)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err
+    assert "chunks/s in all" in out and "session-3" in out
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert "left in /dev/shm: nothing" in out
+    assert demo_leftovers(done.pid) == []
+
+
+def test_demo_with_a_model_that_does_not_exist_says_so_at_once() -> None:
+    started = time.monotonic()
+    done = rte_command("demo", "--model", "bogus")
+    one_line_error(done, 1, "the daemon did not start", "--model bogus")
+    assert time.monotonic() - started < 30  # not connect's 60 s timeout
+
+
+def test_demo_refuses_what_it_could_not_finish_before_it_starts() -> None:
+    done = rte_command("demo", "--png", "/nonexistent/folder/sheet.png")
+    one_line_error(done, 2, "--png /nonexistent/folder/sheet.png: cannot write there")
+    assert "chunks/s" not in done.stdout
+    one_line_error(rte_command("demo", "--sessions", "0"), 2, "--sessions 0")
+
+
+def test_ctrl_c_on_demo_prints_what_came_before_and_cleans_up() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "rte", "demo", "--seconds", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    try:
+        deadline = time.monotonic() + 60
+        while "chunks/s in all" not in demo.stdout.readline():  # streaming: interrupt it
+            assert time.monotonic() < deadline and demo.poll() is None
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, err
+    assert "Traceback" not in out + err
+    assert "latency p50 ms" in out  # the summary of what came
+    assert "interrupted" in err and err.count("\n") == 1
+    assert demo_leftovers(demo.pid) == []
+
+
+def test_serve_and_inspect_mistakes_are_one_line(shm_prefix: str) -> None:
+    one_line_error(
+        rte_command("serve", "--name", shm_prefix, "--max-sessions", "0"), 2, "--max-sessions"
+    )
+    one_line_error(rte_command("inspect", f"{shm_prefix}none"), 1, "no shared-memory segment")
+    done = rte_command("--debug", "inspect", f"{shm_prefix}none")  # --debug: the traceback
+    assert done.returncode == 1 and "Traceback" in done.stderr
+
+
+def test_clean_removes_a_dead_daemons_leftovers_and_refuses_a_live_one(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    with d.client() as client:
+        client.attach("a")
+    one_line_error(rte_command("clean", shm_prefix), 1, "is alive")
+    d.kill()  # SIGKILL: nothing cleaned up
+    assert leftovers(shm_prefix) != []
+    done = rte_command("clean", shm_prefix)
+    assert done.returncode == 0 and "removed" in done.stdout, done.stderr
+    assert leftovers(shm_prefix) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "demo", "inspect", "clean", "bench"])
+def test_help_is_plain_text(command: str) -> None:
+    done = rte_command(command, "--help")
+    assert done.returncode == 0
+    for markup in ("``", ":class:", ":func:", ":mod:"):
+        assert markup not in done.stdout, (command, markup)
+
+
+def test_a_bug_is_named_as_one_without_a_traceback() -> None:
+    code = (
+        "import sys\n"
+        "from rte import cli\n"
+        "from rte.cli import clean\n"
+        "def broken(args):\n"
+        "    raise KeyError('oops')\n"
+        "clean.run = broken\n"
+        "sys.exit(cli.main(['clean', 'x']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    one_line_error(done, 1, "KeyError", "a bug: run with --debug")
