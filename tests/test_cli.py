@@ -4,6 +4,8 @@ for something that cannot come."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 from daemon_harness import DaemonProcess, leftovers
 
 import rte
+from rte import RequestError
 from shm.names import objects, shm_name
 
 
@@ -141,3 +144,72 @@ def test_a_bug_is_named_as_one_without_a_traceback() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     one_line_error(done, 1, "KeyError", "a bug: run with --debug")
+
+
+# -- rte serve: settings from the command line, the environment, a file; its log --------
+
+
+def _max_sessions(shm_prefix: str, *args: str, env: dict[str, str] | None = None) -> int:
+    d = DaemonProcess(shm_prefix, *args, env=env)
+    try:
+        with d.client() as client:
+            return client.manifest.max_sessions
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+def test_serve_takes_settings_from_cli_then_environment_then_config(
+    shm_prefix: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "rte.toml"
+    config.write_text('max-sessions = 5\nmodel = "null"\n')
+    env = {"RTE_MAX_SESSIONS": "3"}
+    assert _max_sessions(shm_prefix, "--config", str(config), "--max-sessions", "2", env=env) == 2
+    assert _max_sessions(shm_prefix, "--config", str(config), env=env) == 3
+    assert _max_sessions(shm_prefix, "--config", str(config)) == 5
+
+
+def test_serve_refuses_a_bad_setting_from_anywhere_in_one_line(
+    shm_prefix: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "rte.toml"
+    config.write_text("max-sesions = 5\n")
+    done = rte_command("serve", "--name", shm_prefix, "--config", str(config))
+    one_line_error(done, 2, "unknown setting 'max-sesions'")
+    done = subprocess.run(
+        [sys.executable, "-m", "rte", "serve", "--name", shm_prefix],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "RTE_MAX_SESSIONS": "many"},
+    )
+    one_line_error(done, 2, "RTE_MAX_SESSIONS: 'many' is not a valid int")
+    one_line_error(rte_command("serve"), 2, "--name is required")
+    assert leftovers(shm_prefix) == []
+
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} rte serve"
+
+
+def test_serve_logs_clients_sessions_and_refusals_with_time_and_level(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix)
+    with d.client() as client:
+        client.attach("a")
+        with pytest.raises(RequestError):
+            client.attach("b", {"nope": 1})
+        client.detach("a")
+    assert d.stop() == 0
+    for line in (
+        r"INFO client 0 \(pid \d+\) connected",
+        r"INFO client 0: attached 'a'",
+        r"WARNING client 0: error 'b': ValueError: unknown conditioning key 'nope'",
+        r"INFO client 0: detached 'a'",
+        r"INFO client 0 \(pid \d+\) left",
+    ):
+        assert re.search(f"^{STAMP} {line}", d.stderr, re.MULTILINE), (line, d.stderr)
+    quiet = DaemonProcess(f"{shm_prefix}q", "--log-level", "warning")
+    with quiet.client() as client:
+        client.attach("a")
+    assert quiet.stop() == 0
+    assert "INFO" not in quiet.stderr and "ready name=" in quiet.stderr

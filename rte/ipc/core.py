@@ -45,6 +45,8 @@ from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 
 log = logging.getLogger("rte.daemon")
+_COMINGS = {NoticeKind.ATTACHED, NoticeKind.DETACHED}
+_LOGGED = {*_COMINGS, NoticeKind.ERROR, NoticeKind.REJECTED}
 SCAN_EVERY_S = 0.1
 IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and scan
 ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
@@ -219,15 +221,18 @@ class DaemonCore:
             message = decode_request(raw)
         except Exception as exc:  # WireError; anything else is a decoder bug, refused alike
             text = f"{type(exc).__name__}: {exc}"
+            log.warning("client %d: a record refused: %s", connection.index, text)
             self.out.deliver([Notice("", NoticeKind.ERROR, text, request_seq(raw))], connection)
             return
         if isinstance(message, Bye):
+            log.info("client %d (pid %d) left", connection.index, connection.pid)
             self._reap(connection)
             return
         refusal_text = self.router.refuse(connection, message)
         if message.session in self._orphans:
             refusal_text = f"session {message.session!r} is being detached; try again later"
         if refusal_text is not None:
+            log.warning("client %d: refused: %s", connection.index, refusal_text)
             refusal = Notice(message.session, NoticeKind.ERROR, refusal_text, message.seq)
             self.out.send(connection, refusal)
             self.control.count(Counter.ERRORS)
@@ -239,7 +244,14 @@ class DaemonCore:
             credits = message.credits
         elif isinstance(message, Reset) and message.session in connection.handles:
             credits = int(connection.credits[connection.handles[message.session]])
-        self.out.deliver(self.loop.handle(message), connection, credits)
+        answers = self.loop.handle(message)
+        for answer in answers:  # sessions coming and going, and refusals, for the log
+            if isinstance(answer, Notice) and answer.kind in _LOGGED:
+                level = logging.INFO if answer.kind in _COMINGS else logging.WARNING
+                text = f": {answer.message}" if answer.message else ""
+                what = f"{answer.kind.name.lower()} {answer.session!r}{text}"
+                log.log(level, "client %d: %s", connection.index, what)
+        self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
 
     def _room_to_finalize(self, session: str) -> bool:

@@ -250,7 +250,9 @@ def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:
 
 def run_from_command_line(settings: Settings) -> int:
     """``rte serve``'s body: exit 0 after a clean stop, 2 when the name is taken."""
-    logging.basicConfig(level=logging.INFO, format="rte serve: %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s rte serve %(levelname)s %(message)s"
+    )
     try:
         serve(
             settings,
