@@ -8,14 +8,18 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import daemon_workers
 import pytest
 from daemon_harness import DaemonProcess, wait_for
 
 from rte.cli import main as rte_main
+from rte.cli.inspect import fit
 from rte.ipc.names import DaemonNames
 from shm import Segment
 from shm.names import SHM_DIR
@@ -81,7 +85,13 @@ def test_inspect_changes_nothing_even_on_a_frozen_daemon(
     assert detail["slab"]["held_by_client"][str(index)] > 0
     assert detail["summary"]["heartbeat_age_s"] >= 0.05
     assert "outbox" in text and "slab" in text and "counters" in text
+    holders = text[text.index("HOLDER") :].splitlines()  # a table, not a Python dict
+    assert holders[1].split() == ["client", str(index), str(client_slots(detail, index))]
     assert "STEP 2 chunks, handles=[" in rings  # one record per step: both sessions
+
+
+def client_slots(detail: dict[str, Any], index: int) -> int:
+    return int(detail["slab"]["held_by_client"][str(index)])
 
 
 def test_the_mapping_is_read_only_by_construction(shm_prefix: str) -> None:
@@ -110,6 +120,7 @@ def test_a_dead_daemon_is_listed_as_stale_with_the_command_that_removes_it(
         assert f"rte inspect {shm_prefix} --remove" in listing
         detail = json.loads(run(shm_prefix, "--json"))
         assert detail["summary"]["alive"] is False
+        assert "state DEAD" in run(shm_prefix)  # not the READY its state word still says
         client.close()
         assert "removed" in run(shm_prefix, "--remove")  # the command it showed
         assert DaemonNames(shm_prefix).leftovers() == []
@@ -131,3 +142,39 @@ def test_a_live_daemon_is_never_removed(shm_prefix: str) -> None:
             assert client.poll(timeout=10) is not None
     finally:
         assert d.stop() == 0
+
+
+def test_ring_of_a_free_slot_and_watch_as_json_lines(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix, "--max-clients", "4")
+    try:
+        with d.client() as client:
+            client.attach("x")
+            done = subprocess.run(
+                [sys.executable, "-m", "rte", "inspect", shm_prefix, "--ring", "3"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+            assert f"no client in slot 3 of {shm_prefix!r}: it is free" in done.stderr
+            command = [sys.executable, "-m", "rte", "inspect", shm_prefix, "--watch"]
+            watch = subprocess.Popen(
+                [*command, "--json", "--interval", "0.1"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert watch.stdout is not None
+            lines = [watch.stdout.readline() for _ in range(3)]
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) == 0
+            watch.stdout.close()
+        snapshots = [json.loads(line) for line in lines]  # one object per line
+        assert all(snap["name"] == shm_prefix for snap in snapshots)
+    finally:
+        assert d.stop() == 0
+
+
+def test_watch_fits_the_terminal() -> None:
+    text = "short\n" + "x" * 200
+    assert fit(text, 80).splitlines() == ["short", "x" * 79 + "…"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from typing import Any
 
@@ -77,14 +78,26 @@ def _show(args: argparse.Namespace) -> int:
     previous = None
     while True:
         snap = snapshot(args.name)
-        if args.json:
-            print(json.dumps(snap, indent=2))
+        if args.json:  # watched: one object per line, for a pipe
+            print(json.dumps(snap) if args.watch else json.dumps(snap, indent=2), flush=True)
+        elif args.watch:
+            width = shutil.get_terminal_size().columns
+            print("\x1b[H\x1b[2J" + fit(render(snap, previous), width), flush=True)
         else:
-            print(("\x1b[H\x1b[2J" if args.watch else "") + render(snap, previous), flush=True)
+            print(render(snap, previous))
         if not args.watch:
             return 0
         previous = snap
         time.sleep(args.interval)
+
+
+def fit(text: str, width: int) -> str:
+    """Every line cut to ``width`` columns (an ellipsis says where), so a refresh in
+    place never wraps and scrolls."""
+    width = max(width, 20)
+    return "\n".join(
+        line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines()
+    )
 
 
 def _age(seconds: float | None) -> str:
@@ -125,7 +138,7 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     before = {c["index"]: c for c in previous["clients"]} if previous else {}
     lines = [
         f"daemon {snap['name']}  pid {s.get('pid')}  {'alive' if s.get('alive') else 'DEAD'}  "
-        f"state {s.get('state')}  uptime {_age(s.get('uptime_s'))}  "
+        f"state {s.get('state') if s.get('alive') else 'DEAD'}  uptime {_age(s.get('uptime_s'))}  "
         f"heartbeat {_age(s.get('heartbeat_age_s'))} ago",
         f"model {m['model']}  sessions {s.get('sessions')}/{m['max_sessions']}  chunk "
         f"{m['latent_dtype']}{list(m['latent_shape'])}  "
@@ -168,13 +181,15 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
             "",
             f"slab  {st['slots']} slots of {st['slot_size']:,} B  free {slab['by_state']['free']}  "
             f"writing {slab['by_state']['writing']}  ready {slab['by_state']['ready']}  "
-            f"quota {st['quota']}/client  held by client {slab['held_by_client'] or '{}'}  "
-            f"oldest held {_age(slab['oldest_held_s'])}",
+            f"quota {st['quota']}/client  oldest held {_age(slab['oldest_held_s'])}",
             f"      acquired {st['acquired']}  released {st['released']}  "
             f"reclaimed {st['reclaimed']}  "
             f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
             f"full {st['full_events']}  high water {st['high_water']}",
         ]
+        held = slab["held_by_client"]
+        lines.append(f"      {'HOLDER':<10}{'SLOTS':>6}" if held else "      no slot held")
+        lines += [f"      client {k:<3}{v:>6}" for k, v in held.items()]
     pushed = delivery_us(
         snap["emitted_to_pushed"], previous["emitted_to_pushed"] if previous else None
     )

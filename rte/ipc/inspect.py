@@ -167,6 +167,13 @@ def ring_records(name: str, client: int, limit: int = 50) -> dict[str, list[str]
             raise ValueError(
                 f"client {client} does not exist (0..{control.layout.max_clients - 1})"
             )
+        entries = control.table.entries()
+        if entries[client].state is ClientState.FREE:
+            taken = [str(e.index) for e in entries if e.state is not ClientState.FREE]
+            raise ValueError(
+                f"no client in slot {client} of {name!r}: it is free "
+                f"(clients now: {', '.join(taken) or 'none'})"
+            )
         out = {}
         for label, offset in (
             ("inbox", control.layout.inbox(client)),
