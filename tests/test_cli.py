@@ -213,3 +213,16 @@ def test_serve_logs_clients_sessions_and_refusals_with_time_and_level(shm_prefix
         client.attach("a")
     assert quiet.stop() == 0
     assert "INFO" not in quiet.stderr and "ready name=" in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+        (["serve", "--name", "x", "--max-sessions", "many"], "invalid int value: 'many'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_a_mistyped_command_line_is_one_line_not_the_usage(args: list[str], words: str) -> None:
+    one_line_error(rte_command(*args), 2, words, "--help)")

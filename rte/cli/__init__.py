@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 import rte
 from rte.cli import bench, clean, demo, inspect, serve
@@ -21,8 +22,15 @@ from rte.errors import ConfigurationError, RteError
 from shm import ShmError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistake on the command line is one line, not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rte", description="A realtime inference engine.")
+    parser = OneLineParser(prog="rte", description="A realtime inference engine.")
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
     parser.add_argument("--debug", "-v", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
