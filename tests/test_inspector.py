@@ -178,3 +178,35 @@ def test_ring_of_a_free_slot_and_watch_as_json_lines(shm_prefix: str) -> None:
 def test_watch_fits_the_terminal() -> None:
     text = "short\n" + "x" * 200
     assert fit(text, 80).splitlines() == ["short", "x" * 79 + "…"]
+
+
+def test_prometheus_exposition_parses_and_counts_what_the_daemon_did(shm_prefix: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        with d.client() as client:
+            client.attach("a")
+            for _ in range(20):
+                chunk = client.poll(timeout=10)
+                assert chunk is not None
+                chunk.release()
+            text = run(shm_prefix, "--prometheus")
+            index = client.index
+    finally:
+        assert d.stop() == 0
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {f.name: f.samples[0].value for f in families.values() if f.type != "histogram"}
+    assert value["rte_up"] == 1 and value["rte_sessions"] == 1 and value["rte_clients"] == 1
+    assert families["rte_chunks"].type == "counter"  # (the parser drops _total)
+    assert value["rte_chunks"] >= 20 and value["rte_steps"] >= 20
+    (sessions,) = families["rte_client_sessions"].samples
+    assert sessions.labels == {"daemon": shm_prefix, "client": str(index)} and sessions.value == 1
+    rings = {s.labels["ring"] for s in families["rte_client_ring_used_bytes"].samples}
+    assert rings == {"inbox", "outbox"}
+    for name in ("rte_step_seconds", "rte_delivery_seconds"):
+        samples = families[name].samples
+        buckets = [s.value for s in samples if s.name.endswith("_bucket")]
+        count = next(s.value for s in samples if s.name.endswith("_count"))
+        total = next(s.value for s in samples if s.name.endswith("_sum"))
+        assert buckets == sorted(buckets) and buckets[-1] == count >= 20 and total > 0

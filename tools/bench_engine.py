@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rte import Batch, ComposedEngine
+from rte.ipc import latency
 from rte.models import NullModel
 from tools.report import (
     DEFAULT_WINDOWS,
@@ -39,7 +40,7 @@ from tools.report import (
 )
 
 COLUMNS = ["sessions", "step_p50_us", "step_p99_us", "per_session_us", "step_x_1_session"]
-COLUMNS += ["floor_p50_us", "overhead_x_floor"]
+COLUMNS += ["floor_p50_us", "overhead_x_floor", "metrics_us", "metrics_pct_of_step"]
 TABLES: list[TableSpec] = [
     ("ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", "rows", {}, COLUMNS)
 ]
@@ -74,11 +75,29 @@ def _floor_step_ns(sessions: int, steps: int) -> list[int]:
     return samples
 
 
+def _metrics_ns(steps: int) -> list[int]:
+    """What the daemon adds to a step to keep its step-time histogram for ``rte inspect
+    --prometheus``: two clock reads and one add (bucket and sum) into shared words."""
+    words = memoryview(bytearray(8 * (latency.BUCKETS + 1))).cast("Q")
+    histogram = latency.Histogram(words[: latency.BUCKETS], words[latency.BUCKETS :])
+    clock, samples = time.monotonic_ns, []
+    for _ in range(steps):  # a hundred at a time: the timer's own cost is not the daemon's
+        t0 = time.perf_counter_ns()
+        for _ in range(100):
+            started = clock()
+            histogram.add(clock() - started)
+        samples.append((time.perf_counter_ns() - t0) // 100)
+    return samples
+
+
 def _window(sessions: int, steps: int) -> dict[str, float]:
     """One window: a fresh engine's steps, then the floor's, at one size."""
     engine = percentiles_us(_engine_step_ns(sessions, steps))
     floor = percentiles_us(_floor_step_ns(sessions, steps))
+    metrics = percentiles_us(_metrics_ns(steps))
     return {
+        "metrics_us": metrics["p50_us"],
+        "metrics_pct_of_step": 100 * metrics["p50_us"] / max(engine["p50_us"], 1e-3),
         "step_p50_us": engine["p50_us"],
         "step_p99_us": engine["p99_us"],
         "per_session_us": engine["p50_us"] / sessions,

@@ -6,6 +6,7 @@
     rte inspect NAME --json      for scripts (so does the listing: rte inspect --json)
     rte inspect NAME --ring 0    the records waiting in client 0's rings, decoded
     rte inspect NAME --remove    unlink what a dead daemon left in /dev/shm
+    rte inspect NAME --prometheus  its counters, gauges and histograms for a scraper
 
 What is read, and how without disturbing the daemon, is :mod:`rte.ipc.inspect`;
 this module only renders it.
@@ -27,6 +28,7 @@ from rte.ipc.inspect import (
     snapshot,
     summary,
 )
+from rte.ipc.metrics import prometheus
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +40,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("name", nargs="?", help="a daemon's name (default: list them all)")
     p.add_argument("--json", action="store_true", help="JSON instead of text")
+    p.add_argument(
+        "--prometheus", action="store_true", help="the Prometheus text format (for a scraper)"
+    )
     p.add_argument("--watch", action="store_true", help="refresh in place, with rates")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     p.add_argument("--ring", type=int, metavar="CLIENT", help="dump a client's waiting records")
@@ -57,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.ring is not None:
             return _rings(args)
+        if args.prometheus:
+            print(prometheus(snapshot(args.name)), end="")
+            return 0
         return _show(args)
     except KeyboardInterrupt:  # the end of --watch (errors are the command line's: one line)
         return 0

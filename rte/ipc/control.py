@@ -3,7 +3,8 @@
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
                     next tick time (paced), delivery histogram (rte.ipc.latency)
-    page 2...       client table: one 128-byte entry per client slot (rte.ipc.claims)
+    page 2          daemon block, continued: step-time histogram, both histograms' sums
+    page 3...       client table: one 128-byte entry per client slot (rte.ipc.claims)
     then            per client slot, its credit block (:class:`ClientBlock`)
     then            per client slot, two rings: inbox (client -> daemon), outbox
 
@@ -75,6 +76,9 @@ _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
 _REASON, MAX_REASON = 2576, 236  # why the daemon stopped, when it failed (utf-8)
 _HISTOGRAM = 2816  # emitted -> pushed, latency.BUCKETS words
+# the daemon block's second page: step times (latency.BUCKETS words), then the sums
+_STEP_HISTOGRAM = PAGE
+_DELIVERY_SUM, _STEP_SUM = PAGE + 8 * latency.BUCKETS, PAGE + 8 * latency.BUCKETS + 8
 # client block word indices
 _STARVED, _CLIENT_HISTOGRAM = 0, 8
 _CONSUMED = _CLIENT_HISTOGRAM + latency.BUCKETS
@@ -132,7 +136,7 @@ class Layout:
 
     @property
     def table(self) -> int:
-        return HEADER_SIZE + PAGE
+        return HEADER_SIZE + 2 * PAGE  # after the daemon block
 
     @property
     def client_blocks(self) -> int:
@@ -275,9 +279,18 @@ class Control:
 
     @property
     def histogram(self) -> latency.Histogram:
-        """The daemon's emitted-to-pushed delivery times."""
-        raw = self.segment.bytes_at(self.layout.block + _HISTOGRAM, 8 * latency.BUCKETS)
-        return latency.Histogram(raw.cast("Q"))
+        """The daemon's emitted-to-pushed delivery times (and their sum)."""
+        return self._histogram(_HISTOGRAM, _DELIVERY_SUM)
+
+    @property
+    def step_histogram(self) -> latency.Histogram:
+        """How long the daemon's steps took (and their sum)."""
+        return self._histogram(_STEP_HISTOGRAM, _STEP_SUM)
+
+    def _histogram(self, at: int, total: int) -> latency.Histogram:
+        raw = self.segment.bytes_at(self.layout.block + at, 8 * latency.BUCKETS)
+        word = self.segment.bytes_at(self.layout.block + total, 8)
+        return latency.Histogram(raw.cast("Q"), word.cast("Q"))
 
     @property
     def next_tick_ns(self) -> int:

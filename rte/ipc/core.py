@@ -83,6 +83,7 @@ class DaemonCore:
         self.loop = ServeLoop(self.engine)
         self.out = Outbound(shared.control, shared.slab, self.table, self.router, self.allocator)
         self.policy = WaitPolicy(settings.wait_policy)
+        self.step_times = shared.control.step_histogram  # for rte inspect and Prometheus
         self.failure: BaseException | None = None
         self._next_scan = 0.0
         self._next_idle_check = 0.0
@@ -156,7 +157,10 @@ class DaemonCore:
                 self._reap(connection, reason="disconnected: protocol error", revoked=True)
         due = self.table.due()  # 3.
         if due:
-            self.out.deliver(self.loop.step(due), None)
+            started = time.monotonic_ns()
+            outcome = self.loop.step(due)
+            self.step_times.add(time.monotonic_ns() - started)
+            self.out.deliver(outcome, None)
             self._steps += 1
         if now < self._next_idle_check:
             return bool(due)

@@ -130,12 +130,19 @@ def snapshot(name: str) -> dict[str, Any]:
             "slab": _slab(slab_segment) if slab_segment is not None else None,
             "counters": control.counters(),
             "emitted_to_pushed": control.histogram.counts().tolist(),
+            "emitted_to_pushed_sum_ns": _total(control.histogram),
+            "step_ns": control.step_histogram.counts().tolist(),
+            "step_sum_ns": _total(control.step_histogram),
             "taken_at": time.time(),
         }
     finally:
         segment.close()
         if slab_segment is not None:
             slab_segment.close()
+
+
+def _total(histogram: latency.Histogram) -> int:
+    return int(histogram.total[0]) if histogram.total is not None else 0
 
 
 def _slab(segment: Segment) -> dict[str, Any]:

@@ -47,13 +47,17 @@ class Histogram:
     """A histogram over ``BUCKETS`` words: a ``memoryview`` of shared memory cast to
     unsigned 64-bit words (one add is two C-level item operations, no NumPy call)."""
 
-    def __init__(self, words: memoryview) -> None:
+    def __init__(self, words: memoryview, total: memoryview | None = None) -> None:
         if len(words) != BUCKETS:
             raise ValueError(f"a histogram has {BUCKETS} buckets, got {len(words)}")
         self.words = words
+        self.total = total  # one word: the sum of the durations added, in ns (or None)
 
     def add(self, ns: int, n: int = 1) -> None:
         self.words[bucket(ns)] += n
+        total = self.total
+        if total is not None and ns > 0:
+            total[0] += ns * n
 
     def counts(self) -> np.ndarray[Any, Any]:
         return np.array(self.words, dtype=np.int64)

@@ -1,0 +1,114 @@
+"""A daemon's state in the Prometheus text exposition format (version 0.0.4).
+
+``rte inspect NAME --prometheus`` prints it; like everything ``rte inspect``
+shows, it is read from the daemon's segments without asking the daemon
+anything (:func:`rte.ipc.inspect.snapshot`), so a scraper never adds work to
+the serve loop. Counters are the daemon's own; gauges are its clients' rings,
+slots and sessions; the two histograms are the daemon's step times and its
+emitted-to-pushed delivery times, with one bucket per power of two of the
+log-linear buckets it keeps (:mod:`rte.ipc.latency`), in seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rte.ipc import latency
+
+PREFIX = "rte_"
+COUNTERS = {  # the daemon's counter -> (metric, help)
+    "chunks": ("chunks_total", "Chunks delivered to clients."),
+    "steps": ("steps_total", "Engine steps run."),
+    "requests": ("requests_total", "Requests read from clients."),
+    "errors": ("errors_total", "Requests refused with an error."),
+    "admission_rejections": ("admissions_refused_total", "Attaches refused for capacity."),
+    "chunks_dropped": ("chunks_dropped_total", "In-flight chunks dropped at a detach."),
+    "notices_dropped": ("notices_dropped_total", "Answers lost to a full ring and backlog."),
+    "idle_detaches": ("idle_detaches_total", "Sessions detached for a stalled client."),
+    "dead_clients_reaped": ("dead_clients_reaped_total", "Dead clients reclaimed."),
+    "clients_disconnected": ("clients_disconnected_total", "Clients revoked for flooding."),
+}
+
+
+def prometheus(snap: dict[str, Any]) -> str:
+    """The exposition text of one :func:`~rte.ipc.inspect.snapshot`."""
+    daemon = f'daemon="{_escape(snap["name"])}"'
+    out: list[str] = []
+
+    def metric(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP {PREFIX}{name} {text}")
+        out.append(f"# TYPE {PREFIX}{name} {kind}")
+        out.extend(f"{PREFIX}{name}{{{labels}}} {_number(v)}" for labels, v in samples)
+
+    summary = snap["summary"]
+    metric("up", "gauge", "1 while the daemon's process lives.", [(daemon, summary["alive"])])
+    sessions = [(daemon, summary.get("sessions", 0))]
+    metric("sessions", "gauge", "Sessions attached.", sessions)
+    clients = snap["clients"]
+    metric("clients", "gauge", "Clients connected.", [(daemon, len(clients))])
+    counters = snap["counters"]
+    for key, (name, text) in COUNTERS.items():
+        metric(name, "counter", text, [(daemon, counters.get(key, 0))])
+    per_client = [(f'{daemon},client="{c["index"]}"', c) for c in clients]
+    metric(
+        "client_sessions",
+        "gauge",
+        "Sessions of each client.",
+        [(labels, c["sessions"]) for labels, c in per_client],
+    )
+    metric(
+        "client_ring_used_bytes",
+        "gauge",
+        "Bytes waiting in each client's rings.",
+        [
+            (f'{labels},ring="{ring}"', stats["used_bytes"])
+            for labels, c in per_client
+            for ring, stats in c["rings"].items()
+        ],
+    )
+    held = snap["slab"]["held_by_client"] if snap["slab"] else {}
+    metric(
+        "client_slots_held",
+        "gauge",
+        "Slab slots each client holds.",
+        [(f'{daemon},client="{k}"', v) for k, v in held.items()],
+    )
+    for name, text, counts, total in (
+        ("step_seconds", "Engine step times.", snap["step_ns"], snap["step_sum_ns"]),
+        (
+            "delivery_seconds",
+            "Chunk delivery, emitted by a step to pushed to its client.",
+            snap["emitted_to_pushed"],
+            snap["emitted_to_pushed_sum_ns"],
+        ),
+    ):
+        out.append(f"# HELP {PREFIX}{name} {text}")
+        out.append(f"# TYPE {PREFIX}{name} histogram")
+        out.extend(_histogram(f"{PREFIX}{name}", daemon, np.asarray(counts), total))
+    return "\n".join(out) + "\n"
+
+
+def _histogram(name: str, labels: str, counts: np.ndarray[Any, Any], total_ns: int) -> list[str]:
+    """Cumulative buckets at each power of two of the kept ones, then +Inf, sum, count."""
+    cumulative = np.cumsum(counts)
+    lines = []
+    for index in range(0, latency.BUCKETS - 1, 4):
+        edge = latency.upper_ns(index) / 1e9
+        lines.append(f'{name}_bucket{{{labels},le="{edge:.9g}"}} {int(cumulative[index])}')
+    count = int(cumulative[-1]) if len(cumulative) else 0
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {count}')
+    lines.append(f"{name}_sum{{{labels}}} {_number(total_ns / 1e9)}")
+    lines.append(f"{name}_count{{{labels}}} {count}")
+    return lines
+
+
+def _number(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return f"{value:.9g}" if isinstance(value, float) else str(int(value))
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
