@@ -20,10 +20,10 @@ import shutil
 import time
 from typing import Any
 
+from rte.cli import clean
 from rte.ipc.inspect import (
     daemons,
     delivery_us,
-    remove_leftovers,
     ring_records,
     snapshot,
     summary,
@@ -57,9 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(rows, indent=2) if args.json else render_list(rows))
             return 0
         if args.remove:
-            removed = remove_leftovers(args.name)
-            print(f"removed {len(removed)} objects of {args.name!r}: {' '.join(removed) or '-'}")
-            return 0
+            return clean.run(args)  # rte clean NAME
         if args.ring is not None:
             return _rings(args)
         if args.prometheus:
