@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -226,3 +227,13 @@ def test_serve_logs_clients_sessions_and_refusals_with_time_and_level(shm_prefix
 )
 def test_a_mistyped_command_line_is_one_line_not_the_usage(args: list[str], words: str) -> None:
     one_line_error(rte_command(*args), 2, words, "--help)")
+
+
+def test_serve_with_a_metrics_port_taken_says_so_and_leaves_nothing(shm_prefix: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = rte_command("serve", "--name", shm_prefix, "--metrics-port", port)
+    one_line_error(done, 2, f"--metrics-port {port}")
+    assert leftovers(shm_prefix) == []

@@ -7,10 +7,13 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -210,3 +213,26 @@ def test_prometheus_exposition_parses_and_counts_what_the_daemon_did(shm_prefix:
         count = next(s.value for s in samples if s.name.endswith("_count"))
         total = next(s.value for s in samples if s.name.endswith("_sum"))
         assert buckets == sorted(buckets) and buckets[-1] == count >= 20 and total > 0
+
+
+def test_serve_metrics_port_serves_the_same_on_loopback(shm_prefix: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    d = DaemonProcess(shm_prefix, "--model", "null", "--metrics-port", "0")
+    try:
+        with d.client() as client:
+            client.attach("a")
+            assert client.poll(timeout=10) is not None
+            (url,) = re.findall(r"metrics=(http://127\.0\.0\.1:\d+/metrics)", d._read())
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = answer.read().decode()
+            with pytest.raises(urllib.error.HTTPError, match="404"):
+                urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
+    finally:
+        assert d.stop() == 0
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["rte_up"].samples[0].value == 1
+    assert families["rte_sessions"].samples[0].value == 1
+    with pytest.raises(urllib.error.URLError):  # gone with the daemon
+        urllib.request.urlopen(url, timeout=10)

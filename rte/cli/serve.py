@@ -68,6 +68,12 @@ OPTIONS = (
         ("spin", "spin-then-block", "block"),
     ),
     Option("idle-limit-s", float, 30.0, "detach the sessions of a stalled client"),
+    Option(
+        "metrics-port",
+        int,
+        None,
+        "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)",
+    ),
     Option("log-level", str, "info", "what the log says (with timestamps)", LOG_LEVELS),
 )
 

@@ -7,15 +7,22 @@ the serve loop. Counters are the daemon's own; gauges are its clients' rings,
 slots and sessions; the two histograms are the daemon's step times and its
 emitted-to-pushed delivery times, with one bucket per power of two of the
 log-linear buckets it keeps (:mod:`rte.ipc.latency`), in seconds.
+
+``rte serve --metrics-port PORT`` also serves it at
+``http://127.0.0.1:PORT/metrics`` (:func:`serve_metrics`): a thread that reads
+the segments as ``rte inspect`` does, on loopback only.
 """
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 
 from rte.ipc import latency
+from rte.ipc.inspect import snapshot
 
 PREFIX = "rte_"
 COUNTERS = {  # the daemon's counter -> (metric, help)
@@ -112,3 +119,36 @@ def _number(value: float) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def serve_metrics(name: str, port: int) -> ThreadingHTTPServer:
+    """Serve daemon ``name``'s metrics at ``/metrics`` on 127.0.0.1:``port`` (0: any
+    free port; ``server.server_address`` says which) from a daemon thread. Stop it
+    with ``shutdown()`` then ``server_close()``."""
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics is here")
+                return
+            try:
+                body = prometheus(snapshot(name)).encode()
+            except Exception as exc:  # not READY yet, or stopping: say so, in one line
+                self.send_error(503, f"{type(exc).__name__}: {exc}")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # a scrape every few seconds is not news
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Metrics)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="rte-metrics", daemon=True).start()
+    return server

@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from types import FrameType
 from typing import TypeVar
 
@@ -31,6 +32,7 @@ from rte.contract import Manifest
 from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
 from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState, Layout
 from rte.ipc.core import DaemonCore, Shared
+from rte.ipc.metrics import serve_metrics
 from rte.ipc.names import DaemonNames
 from rte.ipc.settings import Settings
 from rte.models import load_model
@@ -78,6 +80,12 @@ def serve(
         pinned = device.startswith("cuda:") and shared.slab.pin(int(device.partition(":")[2]))
         if pinned:
             stack.callback(_unpin, shared.slab, core)  # after the worker ended: no copy in flight
+        metrics = ""
+        if settings.metrics_port is not None:  # before the worker: a taken port stops us here
+            server = _metrics_server(names.daemon, settings.metrics_port)
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)  # first: no scrape reads a closed segment
+            metrics = f" metrics=http://127.0.0.1:{server.server_address[1]}/metrics"
         worker = threading.Thread(target=core.run, args=(stopping,), name="rte-engine", daemon=True)
         shared.control.set_state(DaemonState.READY)
         worker.start()
@@ -87,7 +95,7 @@ def serve(
                 f"ready name={names.daemon} pid={os.getpid()} model={m.model} "
                 f"max_sessions={m.max_sessions} max_clients={settings.max_clients} "
                 f"lanes={core.engine.lanes.kind} device={core.engine.lanes.device} "
-                f"slab_pinned={pinned}"
+                f"slab_pinned={pinned}{metrics}"
             )
         while worker.is_alive() and not stopping.is_set():
             worker.join(0.2)
@@ -96,6 +104,13 @@ def serve(
             log.error("the serve loop did not stop in %gs; cleaning up under it", STOP_TIMEOUT_S)
     if core is not None and core.failure is not None:
         raise core.failure
+
+
+def _metrics_server(name: str, port: int) -> ThreadingHTTPServer:
+    try:
+        return serve_metrics(name, port)
+    except OSError as exc:  # the port is taken, or not ours to take
+        raise ConfigurationError(f"--metrics-port {port}: {exc.strerror or exc}") from None
 
 
 def _unpin(slab: Slab, core: DaemonCore) -> None:

@@ -48,6 +48,8 @@ class Settings:
         device: where the model computes, ``cpu``, ``cuda`` or ``cuda:N`` (one
             daemon per GPU); None leaves it to the model. Given, it is passed to
             the model's factory as ``device``.
+        metrics_port: serve Prometheus metrics at http://127.0.0.1:PORT/metrics
+            (0: any free port, said in the ready line); None: not served.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Settings:
     idle_limit_s: float = 30.0
     model_settings: Mapping[str, Any] | None = None
     device: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -95,6 +98,8 @@ class Settings:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigurationError(f"--device {self.device!r}: one of cpu, cuda, cuda:N")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(f"--metrics-port {self.metrics_port}: 0 to 65535")
         try:
             WaitPolicy(self.wait_policy)
         except ValueError:
