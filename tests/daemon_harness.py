@@ -42,7 +42,7 @@ class DaemonProcess:
 
     def client(self, timeout: float = 30.0) -> ShmClient:
         if self.process.poll() is not None:
-            raise AssertionError(f"daemon exited with {self.process.returncode}: {self._read()}")
+            raise AssertionError(f"daemon exited with {self.process.returncode}: {self.said()}")
         client = connect(self.name, timeout=timeout)
         assert isinstance(client, ShmClient)
         return client
@@ -60,17 +60,18 @@ class DaemonProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-        self.stderr = self._read()
+        self.stderr = self.said()
         self._log.close()
         return self.process.returncode
 
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(timeout=10)
-        self.stderr = self._read()
+        self.stderr = self.said()
         self._log.close()
 
-    def _read(self) -> str:
+    def said(self) -> str:
+        """What the daemon has written to stderr so far (all of it once stopped)."""
         if self._log.closed:
             return self.stderr
         self._log.seek(0)

@@ -123,7 +123,7 @@ def _run(arena: tuple[DaemonProcess, Bystander, Watch], rounds: int) -> None:
     rng = random.Random(20261129)
     for number in range(rounds):
         _round(daemon, bystander, rng, number)
-        assert daemon.process.poll() is None, daemon._read()
+        assert daemon.process.poll() is None, daemon.said()
 
         def settled() -> bool:
             bystander.drain(0.05)

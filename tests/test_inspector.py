@@ -223,7 +223,7 @@ def test_serve_metrics_port_serves_the_same_on_loopback(shm_prefix: str) -> None
         with d.client() as client:
             client.attach("a")
             assert client.poll(timeout=10) is not None
-            (url,) = re.findall(r"metrics=(http://127\.0\.0\.1:\d+/metrics)", d._read())
+            (url,) = re.findall(r"metrics=(http://127\.0\.0\.1:\d+/metrics)", d.said())
             with urllib.request.urlopen(url, timeout=10) as answer:
                 assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
                 text = answer.read().decode()
