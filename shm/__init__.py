@@ -2,7 +2,8 @@
 
 - :class:`Segment` — a named POSIX shared-memory region with a versioned header.
 - :class:`Ring` — a lock-free SPSC ring of byte records inside a segment.
-- :class:`Doorbell` — the semaphore a sleeping ring consumer is woken by.
+- :class:`Doorbell` — the semaphore a sleeping ring consumer is woken by;
+  :class:`~shm.fifo.FifoBell` the same as a FIFO, for an event loop.
 - :class:`Slab` — fixed slots written once and read in place as NumPy views:
   a writer's :class:`Loan` is published and its :class:`SlotRef` sent over a
   ring; the reader's :class:`Sample` is released when read. A step's slots
@@ -18,7 +19,7 @@ the C's status codes become exceptions in one place, :func:`check_rc`.
 """
 
 from shm.batch import BatchLoan, BatchSample
-from shm.doorbell import Doorbell
+from shm.doorbell import Bell, Doorbell
 from shm.errors import (
     ForeignSegmentError,
     ForeignSlot,
@@ -48,6 +49,7 @@ from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState
 __all__ = [
     "BatchLoan",
     "BatchSample",
+    "Bell",
     "Doorbell",
     "ForeignSegmentError",
     "ForeignSlot",

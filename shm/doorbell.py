@@ -11,10 +11,21 @@ system call. Its name comes from :func:`shm.names.shm_name`, like a segment's.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import posix_ipc
 
 from shm.errors import SegmentError, SegmentExistsError, SegmentNotFoundError
 from shm.names import unlink_semaphore
+
+
+class Bell(Protocol):
+    """What a ring needs of its doorbell: a :class:`Doorbell`, or a
+    :class:`~shm.fifo.FifoBell` for a consumer on an event loop."""
+
+    def ring(self) -> None: ...
+
+    def wait(self, timeout: float) -> bool: ...
 
 
 class Doorbell:

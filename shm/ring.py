@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from shm.doorbell import Doorbell
+from shm.doorbell import Bell, Doorbell
 from shm.errors import RingEmpty, RingFull, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment
@@ -106,7 +106,7 @@ class Ring:
         segment: Segment,
         offset: int,
         *,
-        doorbell: Doorbell | None = None,
+        doorbell: Bell | None = None,
         policy: WaitPolicy | str = WaitPolicy.SPIN_THEN_BLOCK,
         spin_us: float = 50.0,
     ) -> None:

@@ -2,7 +2,8 @@
 
 Every test here takes ``engine`` (parametrized: an InProcessClient over an
 engine on a thread of this process, and a ShmClient of a real ``rte serve``
-daemon in another process) and uses only the public EngineClient interface.
+daemon in another process; then each as an AsyncClient on an asyncio loop,
+through tests/async_facade.py) and uses only the public EngineClient interface.
 What only the daemon shows (zero copy, ownership across processes, crashes) is
 in test_daemon.py.
 """
@@ -11,13 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+from async_facade import LoopClient
 from daemon_harness import DaemonProcess, Deadline, take
 
 from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
-from rte.client import Chunk, EngineClient, InProcessClient
+from rte.client import Chunk, EngineClient, InProcessClient, connect_async
 from rte.models import load_model
 from rte.models.null import tag_of
 
@@ -37,10 +40,10 @@ class Engines:
         self.clients: list[EngineClient] = []
 
     def client(self, model: str = "reference") -> EngineClient:
-        if self.form == "inprocess":
-            client: EngineClient = InProcessClient(
-                ComposedEngine(load_model(model, max_sessions=ROWS))
-            )
+        if self.form == "async-inprocess":
+            client: Any = LoopClient(connect_async(model=model, max_sessions=ROWS))
+        elif self.form == "inprocess":
+            client = InProcessClient(ComposedEngine(load_model(model, max_sessions=ROWS)))
         else:
             daemon = self.daemons.get(model)
             if daemon is None:
@@ -49,19 +52,24 @@ class Engines:
                     *("--model", model, "--max-sessions", str(ROWS), "--max-clients", "4"),
                     *("--slab-slots", "16"),
                 )
-            client = daemon.client()
+            if self.form == "async-shm":
+                client = LoopClient(connect_async(daemon.name, timeout=30))
+            else:
+                client = daemon.client()
         self.clients.append(client)
-        return client
+        return client  # type: ignore[no-any-return]
 
     def close(self) -> None:
         for client in self.clients:
-            client.close()
+            client.shut() if isinstance(client, LoopClient) else client.close()
         for daemon in self.daemons.values():
             assert daemon.stop() == 0, daemon.stderr
 
 
-@pytest.fixture(params=["inprocess", "shm"])
-def engine(request: pytest.FixtureRequest, shm_prefix: str) -> Iterator[Engines]:
+@pytest.fixture(params=["inprocess", "shm", "async-inprocess", "async-shm"])
+def engine(request: pytest.FixtureRequest, shm_prefix: str, each_lanes: str) -> Iterator[Engines]:
+    if request.param.startswith("async") and each_lanes != "cpu":
+        pytest.skip("the lanes are the engine's: the asyncio form runs on CPU lanes only")
     engines = Engines(request.param, shm_prefix)
     yield engines
     engines.close()

@@ -38,9 +38,9 @@ def run(*argv: str) -> str:
 
 
 def shm_bytes(name: str) -> dict[str, bytes]:
-    """The bytes of every segment of daemon ``name``."""
+    """The bytes of every segment of daemon ``name`` (its FIFOs hold none: never read)."""
     files = [SHM_DIR / n.lstrip("/") for n in DaemonNames(name).leftovers()]
-    return {f.name: f.read_bytes() for f in files if f.exists()}
+    return {f.name: f.read_bytes() for f in files if f.is_file()}
 
 
 @pytest.fixture

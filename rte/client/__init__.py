@@ -8,10 +8,13 @@
   of its own: ``connect()`` (the reference model) or ``InProcessClient(engine)``.
 
 Both hand out :class:`Chunk` s and raise only :mod:`rte.errors` classes.
+:func:`connect_async` gives either as an :class:`AsyncClient`, the same
+interface for asyncio code (``await client.attach(...)``, ``async for``).
 """
 
 from __future__ import annotations
 
+from rte.client.aio import AsyncClient, Connecting
 from rte.client.base import Chunk, EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.inprocess import InProcessClient
@@ -55,8 +58,31 @@ def connect(
     return ShmClient(name, timeout=timeout, policy=policy, spin_us=spin_us)
 
 
+def connect_async(
+    name: str | None = None,
+    timeout: float = 5.0,
+    *,
+    model: str = "reference",
+    max_sessions: int = 8,
+) -> Connecting:
+    """:func:`connect` for asyncio code: ``client = await connect_async("d")``, or
+    ``async with connect_async("d") as client:`` (closed on the way out).
+
+    The client sleeps on a file descriptor its loop watches (the daemon rings
+    it only when the client sleeps): no thread per connection, no polling.
+    Raises what :func:`connect` raises, when awaited.
+    """
+    if name is None:
+        return Connecting(
+            lambda: InProcessClient(ComposedEngine(load_model(model, max_sessions=max_sessions)))
+        )
+    daemon = name
+    return Connecting(lambda: ShmClient(daemon, timeout=timeout, wake="fd"))
+
+
 __all__ = [
     "AdmissionError",
+    "AsyncClient",
     "Chunk",
     "ChunkBatch",
     "ClientClosedError",
@@ -69,4 +95,5 @@ __all__ = [
     "RequestTimeout",
     "ShmClient",
     "connect",
+    "connect_async",
 ]

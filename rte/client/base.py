@@ -128,6 +128,26 @@ class EngineClient(abc.ABC):
     def _shutdown(self) -> None:
         """Leave the engine: give back every chunk and what the client holds."""
 
+    # -- waiting on an event loop (what each form supplies for rte.client.aio) --
+
+    @abc.abstractmethod
+    def _wake_fd(self) -> int:
+        """The file descriptor that turns readable when :meth:`_arm` asked for a wake-up."""
+
+    @abc.abstractmethod
+    def _arm(self) -> bool:
+        """Announce a sleep on :meth:`_wake_fd`; True (and no sleep) when
+        something arrived already. Call :meth:`_disarm` after the sleep."""
+
+    @abc.abstractmethod
+    def _disarm(self) -> bool:
+        """End a sleep: take the wake-ups; False when the engine's side is gone."""
+
+    @abc.abstractmethod
+    def _check_live(self, alive: bool = True) -> None:
+        """EngineGone when the engine stopped or died (``alive`` False: its side
+        of the wake-up closed, so it did)."""
+
     # -- sessions -------------------------------------------------------------
 
     def attach(
@@ -265,22 +285,35 @@ class EngineClient(abc.ABC):
 
     def _call(self, request: Attach | Reset | Detach, timeout: float) -> None:
         """Send a request and wait for its final answer."""
-        self._check_open()
-        seq = request.seq
-        self._waiting[seq] = _FINAL[type(request)]
+        seq = self._expect(request)
         deadline = time.monotonic() + timeout
         try:
             self._send(request, timeout)
             while seq not in self._replies:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RequestTimeout(
-                        f"{self.name!r} did not answer {type(request).__name__.lower()} "
-                        f"{request.session!r} in {timeout}s"
-                    )
+                    raise self._unanswered(request, timeout)
                 self._pump(left)
         finally:
             del self._waiting[seq]
+        self._answer(seq)
+
+    # The steps of a call, shared with the asyncio form (rte.client.aio).
+
+    def _expect(self, request: Attach | Reset | Detach) -> int:
+        """Before sending a call's request: note which answers end it."""
+        self._check_open()
+        self._waiting[request.seq] = _FINAL[type(request)]
+        return request.seq
+
+    def _unanswered(self, request: Attach | Reset | Detach, timeout: float) -> RequestTimeout:
+        return RequestTimeout(
+            f"{self.name!r} did not answer {type(request).__name__.lower()} "
+            f"{request.session!r} in {timeout}s"
+        )
+
+    def _answer(self, seq: int) -> None:
+        """A call's final answer came: return, or raise what it says."""
         reply = self._replies.pop(seq)
         if reply.kind is NoticeKind.REJECTED:
             raise AdmissionError(reply.message)

@@ -18,6 +18,7 @@ forms refuse the same requests, and at most ``INBOX_LIMIT`` wait for the loop.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -73,6 +74,8 @@ class InProcessClient(EngineClient):
         self._consumed: dict[str, int] = {}
         self._epoch: dict[str, int] = {}  # bindings of each session id so far
         self._starved = False  # the loop left a session out for want of credit
+        self._sleeping = False  # an event loop waits on _wakes for the outbox
+        self._wakes = -1  # an eventfd, made when an event loop first waits (rte.client.aio)
         self._thread = threading.Thread(
             target=self._serve, args=(pace_hz,), name="rte-inprocess", daemon=True
         )
@@ -84,6 +87,8 @@ class InProcessClient(EngineClient):
             default_serve(self.engine, self._inbox, _Outbox(self), pace_hz=pace_hz, due=self._due)
         except BaseException as exc:  # the client must say why its engine is gone
             self._failure = exc
+        finally:
+            self._rouse(force=True)  # an event loop waiting on us learns at once
 
     def _due(self, sessions: list[str]) -> list[str]:
         """On the loop thread: the sessions with credit, while the quota holds."""
@@ -178,6 +183,42 @@ class InProcessClient(EngineClient):
         close = getattr(self.engine, "close", None)
         if close is not None and not self._thread.is_alive():
             close()
+        with self._lock:
+            if self._wakes >= 0:
+                os.close(self._wakes)
+                self._wakes = -1
+
+    # -- waiting on an event loop -------------------------------------------
+
+    def _wake_fd(self) -> int:
+        with self._lock:
+            if self._wakes < 0:
+                self._wakes = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            return self._wakes
+
+    def _arm(self) -> bool:
+        with self._lock:  # the loop thread puts, then reads the flag under this lock
+            if not self._outbox.empty() or not self._thread.is_alive():
+                return True
+            self._sleeping = True
+            return False
+
+    def _disarm(self) -> bool:
+        with self._lock:
+            self._sleeping = False
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._wakes)
+        return True
+
+    def _check_live(self, alive: bool = True) -> None:
+        self._check_alive()
+
+    def _rouse(self, *, force: bool = False) -> None:
+        """On the loop thread, after a put: wake an event loop that sleeps on us."""
+        with self._lock:
+            wake, self._sleeping = self._sleeping or (force and self._wakes >= 0), False
+            if wake:
+                os.eventfd_write(self._wakes, 1)
 
     def _check_alive(self) -> None:
         if not self._thread.is_alive():
@@ -248,3 +289,4 @@ class _Outbox:
     def put_many(self, items: list[StepResult | Notice]) -> None:
         for item in self.client._sent(items):
             self.queue.put(item)
+        self.client._rouse()

@@ -37,10 +37,11 @@ import psutil
 
 from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
+from rte.client.daemon import meaning, open_control
 from rte.contract import Notice, NoticeKind
-from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, WireError
+from rte.errors import AdmissionError, EngineGone, WireError
 from rte.ipc.claims import ClientState
-from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState
+from rte.ipc.control import KIND_SLAB, Control, DaemonState
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import (
     Bye,
@@ -54,19 +55,16 @@ from shm import (
     BatchSample,
     Doorbell,
     ForeignSlot,
-    RecordTooLarge,
     Ring,
     RingFull,
     Segment,
-    SegmentError,
-    SegmentVersionError,
     ShmError,
     Slab,
     StaleSlot,
     WaitPolicy,
-    WouldBlock,
     is_alive,
 )
+from shm.fifo import FifoBell
 from shm.segment import HEADER_SIZE
 
 LIVENESS_EVERY_S = 0.1
@@ -94,6 +92,9 @@ class ShmClient(EngineClient):
         timeout: how long to wait for the daemon to be up and for a client slot.
         policy: how this client waits for chunks (``spin``, ``spin-then-block``, ``block``).
         spin_us: how long ``spin-then-block`` polls before it sleeps.
+        wake: what the daemon rings when this client sleeps: ``semaphore`` (a
+            blocking caller) or ``fd``, the slot's FIFO, which an event loop
+            waits on (:class:`~rte.client.aio.AsyncClient`).
     """
 
     def __init__(
@@ -103,13 +104,17 @@ class ShmClient(EngineClient):
         timeout: float = 5.0,
         policy: str = "spin-then-block",
         spin_us: float = 50.0,
+        wake: str = "semaphore",
     ) -> None:
+        if wake not in ("semaphore", "fd"):
+            raise ValueError(f"wake must be 'semaphore' or 'fd', not {wake!r}")
         names = DaemonNames(name)
+        self._by_fd = wake == "fd"
         self.name = name
         self.index, self._generation = -1, 0  # the client slot, once claimed
         deadline = time.monotonic() + timeout
-        self._segment = _open_control(names, deadline)
-        self._opened: list[Segment | Doorbell] = [self._segment]
+        self._segment = open_control(names, deadline)
+        self._opened: list[Segment | Doorbell | FifoBell] = [self._segment]
         try:
             self._daemon = (self._segment.creator_pid, self._segment.creator_start)
             self._checked = 0.0
@@ -126,7 +131,7 @@ class ShmClient(EngineClient):
             self._give_back_slot()
             self._close_mappings()
             if isinstance(exc, ShmError):
-                raise _meaning(exc, f"joining daemon {name!r}") from None
+                raise meaning(exc, f"joining daemon {name!r}") from None
             raise
         self._dtype = np.dtype(self.manifest.latent_dtype)
         self._shape = self.manifest.latent_shape
@@ -143,7 +148,13 @@ class ShmClient(EngineClient):
         layout = self._control.layout
         while True:
             self.index, self._generation = self._claim(me.pid, me.create_time(), deadline)
-            my_bell = self._own(Doorbell(names.client_bell(self.index)))
+            my_bell: Doorbell | FifoBell
+            if self._by_fd:
+                my_bell = self._fifo = FifoBell(names.client_wake(self.index))
+                self._own(my_bell)
+                self._fifo.drain()  # what it was rung for a previous holder of the slot
+            else:
+                my_bell = self._own(Doorbell(names.client_bell(self.index)))
             self._inbox = Ring(self._segment, layout.inbox(self.index), doorbell=self._bell)
             self._outbox = Ring(
                 self._segment,
@@ -183,7 +194,7 @@ class ShmClient(EngineClient):
 
     def _claim(self, pid: int, start: float, deadline: float) -> tuple[int, int]:
         """Take a client slot; while one is being freed (a client leaving), wait for it."""
-        while (claimed := self._table.claim(pid, start)) is None:
+        while (claimed := self._table.claim(pid, start, wakes_by_fd=self._by_fd)) is None:
             busy = {entry.state for entry in self._table.entries()}
             if not busy & {ClientState.CLOSING, ClientState.CLAIMED} or (
                 time.monotonic() >= deadline
@@ -204,7 +215,7 @@ class ShmClient(EngineClient):
         try:
             self._inbox.push(record, timeout, self._check)
         except ShmError as exc:
-            raise _meaning(
+            raise meaning(
                 exc, f"sending {type(request).__name__.lower()} to {self.name!r}"
             ) from None
 
@@ -214,7 +225,7 @@ class ShmClient(EngineClient):
                 return []
             records = self._outbox.pop_batch_nowait()
         except ShmError as exc:  # a corrupt ring: the daemon (or a stray writer) broke it
-            raise _meaning(exc, f"reading from {self.name!r}") from None
+            raise meaning(exc, f"reading from {self.name!r}") from None
         if not records:
             return []
         taken = time.monotonic_ns()
@@ -254,6 +265,29 @@ class ShmClient(EngineClient):
             if spin > 0 and ring.wait_readable(spin, check, WaitPolicy.SPIN):
                 return True
         return ring.wait_readable(max(deadline - time.monotonic(), 0.0), check)
+
+    # -- waiting on an event loop -------------------------------------------
+
+    def _wake_fd(self) -> int:
+        if not self._by_fd:
+            raise RuntimeError("this client was connected with wake='semaphore': it has no fd")
+        return self._fifo.fileno()
+
+    def _arm(self) -> bool:
+        ring = self._outbox
+        return bool(ring.used()) or ring.prepare_sleep()
+
+    def _disarm(self) -> bool:
+        alive = self._fifo.drain()
+        self._outbox.end_sleep()
+        return alive
+
+    def _check_live(self, alive: bool = True) -> None:
+        self._check()
+        if not alive:
+            self._checked = 0.0  # ask the process table now
+            self._check()
+            raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) closed its end")
 
     def _bind(self, session: str, handle: int) -> None:
         if not 0 <= handle < len(self._names):
@@ -367,35 +401,3 @@ class ShmClient(EngineClient):
             if not is_alive(*self._daemon):
                 raise EngineGone(f"daemon {self.name!r} (pid {self._daemon[0]}) died")
             self._checked = now
-
-
-def _meaning(exc: ShmError, doing: str) -> RteError:
-    """The one place a transport error becomes what it means to a caller: the
-    daemon does not take requests (RequestTimeout), this request cannot be sent
-    (WireError), or the daemon cannot be reached at all (EngineGone)."""
-    if isinstance(exc, WouldBlock):
-        return RequestTimeout(f"{doing}: the daemon is not taking requests ({exc})")
-    if isinstance(exc, RecordTooLarge):
-        return WireError(f"{doing}: {exc}")
-    return EngineGone(f"{doing}: {exc}")
-
-
-def _open_control(names: DaemonNames, deadline: float) -> Segment:
-    """The live daemon's control segment, waiting until ``deadline`` for one."""
-    while True:
-        try:
-            segment = Segment.open(names.control, kind=KIND_CONTROL)
-            if segment.creator_alive():
-                return segment
-            segment.close()  # a dead daemon's leftovers: a new one may be replacing them
-            problem = f"daemon {names.daemon!r} is dead (its pid {segment.creator_pid} is gone)"
-        except SegmentVersionError as exc:  # waiting will not help
-            raise EngineGone(str(exc)) from None
-        except SegmentError:  # absent, or still being made
-            problem = (
-                f"no daemon named {names.daemon!r} (start one with: rte serve --name "
-                f"{names.daemon})"
-            )
-        if time.monotonic() >= deadline:
-            raise EngineGone(problem)
-        time.sleep(0.02)

@@ -47,6 +47,7 @@ class _Field(enum.IntEnum):
     START = 2  # the process's start time, float64 bits (pid + start name one process)
     SESSIONS = 3
     LAST_POP_NS = 4  # time.monotonic_ns() when the client last read its outbox (or claimed)
+    WAKE = 5  # how the daemon wakes the client: 0 its semaphore, 1 its FIFO (an event loop)
 
 
 def _word(generation: int, state: ClientState) -> int:
@@ -64,6 +65,7 @@ class ClientEntry:
     start: float
     sessions: int
     last_pop_ns: int
+    wakes_by_fd: bool = False  # woken through its FIFO (an asyncio client), not its semaphore
 
 
 class ClaimTable:
@@ -113,6 +115,7 @@ class ClaimTable:
             _START.unpack(start_bits.to_bytes(8, "little"))[0],
             int(lib.shm_load_relaxed(self._at(index, _Field.SESSIONS))),
             int(lib.shm_load_acquire(self._at(index, _Field.LAST_POP_NS))),
+            bool(lib.shm_load_relaxed(self._at(index, _Field.WAKE))),
         )
 
     def entries(self) -> list[ClientEntry]:
@@ -123,7 +126,7 @@ class ClaimTable:
 
     # -- a client's moves -------------------------------------------------
 
-    def claim(self, pid: int, start: float) -> tuple[int, int] | None:
+    def claim(self, pid: int, start: float, *, wakes_by_fd: bool = False) -> tuple[int, int] | None:
         """Take a free slot for this process: (index, generation), None when all are taken.
 
         The slot is the claimer's alone until :meth:`activate`: the daemon reads
@@ -139,6 +142,7 @@ class ClaimTable:
                 lib.shm_store_release(self._at(index, _Field.PID), pid)
                 start_bits = int.from_bytes(_START.pack(start), "little")
                 lib.shm_store_release(self._at(index, _Field.START), start_bits)
+                lib.shm_store_release(self._at(index, _Field.WAKE), int(wakes_by_fd))
                 return index, claimed
         return None
 

@@ -38,6 +38,7 @@ import numpy as np
 from rte.ipc.claims import ClientState
 from rte.ipc.control import ClientBlock, Control
 from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
+from shm.fifo import FifoBell
 
 log = logging.getLogger("rte.daemon")
 CLAIM_GRACE_S = 5.0
@@ -155,12 +156,14 @@ class ClientTable:
         slab: Slab,
         bell: Doorbell,
         client_bells: list[Doorbell],
+        client_wakes: list[FifoBell],
     ) -> None:
         self.control = control
         self.segment = segment
         self.slab = slab
         self.bell = bell
         self.client_bells = client_bells
+        self.client_wakes = client_wakes
         self.connections: dict[int, Connection] = {}
         self.backlog_limit = 2 * control.layout.ring_capacity
 
@@ -178,7 +181,7 @@ class ClientTable:
                     log.warning("client %d (pid %d) died; reclaiming", known.index, known.pid)
                     dead.append(known)
             elif entry.state is ClientState.ACTIVE:
-                self._adopt(entry.index, entry.pid, entry.start)
+                self._adopt(entry.index, entry.pid, entry.start, entry.wakes_by_fd)
             elif entry.state is ClientState.REVOKED and not is_alive(entry.pid, entry.start):
                 table.give_back_revoked(entry.index, entry.generation)
             elif entry.state is ClientState.CLOSING and not is_alive(entry.pid, entry.start):
@@ -189,12 +192,11 @@ class ClientTable:
                     table.abandon(entry.index, entry.generation)
         return dead
 
-    def _adopt(self, index: int, pid: int, start: float) -> None:
+    def _adopt(self, index: int, pid: int, start: float, wakes_by_fd: bool) -> None:
         layout = self.control.layout
         inbox = Ring(self.segment, layout.inbox(index), doorbell=self.bell, policy="spin")
-        outbox = Ring(
-            self.segment, layout.outbox(index), doorbell=self.client_bells[index], policy="spin"
-        )
+        bell = (self.client_wakes if wakes_by_fd else self.client_bells)[index]
+        outbox = Ring(self.segment, layout.outbox(index), doorbell=bell, policy="spin")
         block = self.control.client_block(index)
         block.reset()
         self.connections[index] = Connection(

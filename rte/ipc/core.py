@@ -43,6 +43,7 @@ from rte.ipc.wire import Bye, decode_request, request_seq
 from rte.serve import Attach, Detach, OutboxItem, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
+from shm.fifo import FifoBell
 
 log = logging.getLogger("rte.daemon")
 _COMINGS = {NoticeKind.ATTACHED, NoticeKind.DETACHED}
@@ -64,6 +65,7 @@ class Shared:
     slab: Slab
     bell: Doorbell
     client_bells: list[Doorbell]
+    client_wakes: list[FifoBell]  # the same, as FIFOs: for clients on an event loop
 
 
 class DaemonCore:
@@ -74,7 +76,12 @@ class DaemonCore:
         self.control = shared.control
         self.bell = shared.bell
         self.table = ClientTable(
-            shared.control, shared.segment, shared.slab, shared.bell, shared.client_bells
+            shared.control,
+            shared.segment,
+            shared.slab,
+            shared.bell,
+            shared.client_bells,
+            shared.client_wakes,
         )
         self.router = Router(settings.credits)
         manifest = model.manifest()

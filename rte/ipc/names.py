@@ -57,6 +57,11 @@ class DaemonNames:
         """The doorbell of client slot ``index``: the daemon rings it for its outbox."""
         return shm_name(self.daemon, f"c{index}")
 
+    def client_wake(self, index: int) -> str:
+        """The FIFO of client slot ``index``: rung instead of its doorbell for a
+        client on an event loop (:class:`shm.fifo.FifoBell`)."""
+        return shm_name(self.daemon, f"w{index}")
+
     def leftovers(self) -> list[str]:
         """The names of every object of this daemon that exists now."""
         return objects(self.stem)

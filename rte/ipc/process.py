@@ -38,12 +38,13 @@ from rte.ipc.settings import Settings
 from rte.models import load_model
 from rte.stages import StageModel
 from shm import Doorbell, Ring, Segment, SegmentError, ShmError, Slab
+from shm.fifo import FifoBell
 from shm.lock import NameLock, NameLockHeld
 from shm.segment import HEADER_SIZE
 
 log = logging.getLogger("rte.daemon")
 STOP_TIMEOUT_S = 30.0
-_Owned = TypeVar("_Owned", Segment, Doorbell)
+_Owned = TypeVar("_Owned", Segment, Doorbell, FifoBell)
 
 
 def serve(
@@ -243,10 +244,11 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     )
     bell = _owned(stack, Doorbell(names.bell, create=True))
     client_bells = [_owned(stack, Doorbell(names.client_bell(i), create=True)) for i in range(n)]
+    client_wakes = [_owned(stack, FifoBell(names.client_wake(i), create=True)) for i in range(n)]
     for i in range(n):
         Ring.create(segment, layout.inbox(i), settings.ring_capacity, policy="spin")
         Ring.create(segment, layout.outbox(i), settings.ring_capacity, policy="spin")
-    return Shared(segment, control, slab, bell, client_bells)
+    return Shared(segment, control, slab, bell, client_bells, client_wakes)
 
 
 def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:

@@ -1,0 +1,270 @@
+"""AsyncClient: the EngineClient interface on an asyncio event loop.
+
+    import asyncio
+    from rte.client import connect_async
+
+    async def main():
+        async with connect_async("mydaemon") as client:
+            await client.attach("alice", {"prompt": "a forest"})
+            async for chunk in client.results(timeout=1.0):
+                with chunk:                      # releases the slab slot on exit
+                    frame = chunk.latent         # read-only view into the slab
+                await client.act("alice", {"move": (0, 1)})
+
+    asyncio.run(main())
+
+It wraps a client of either form (:class:`~rte.client.shm.ShmClient` connected
+with ``wake="fd"``, or :class:`~rte.client.inprocess.InProcessClient`) and
+keeps its behaviour (request numbering, sorting what arrives, the held count)
+where it is; only the waiting is the loop's. A client sleeps on a file
+descriptor (the daemon's FIFO for this client slot, or an eventfd the
+in-process serve thread writes) registered with ``loop.add_reader``, after
+announcing the sleep by the ring's protocol, so the engine wakes it only when
+it sleeps and one loop serves many connections with no thread and no polling
+between wake-ups (a liveness check runs every :data:`CHECK_EVERY_S` s; a
+daemon that dies closes its end of the FIFO, which wakes the loop at once).
+
+Several tasks may use one client at once (one reading results, others
+attaching and acting): one of them waits on the descriptor and sorts what
+came, the others wait for its news. Connecting and closing wait on a worker
+thread (``asyncio.to_thread``), as they may take a while and happen once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from typing import Any
+
+from rte.client.base import Chunk, EngineClient
+from rte.client.batch import ChunkBatch
+from rte.contract import Action, Manifest, Notice
+from rte.errors import ClientClosedError, RequestTimeout
+from rte.serve import Act, Attach, Detach, Request, Reset
+
+CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often
+_SEND_PAUSE_S = (0.0005, 0.02)  # a full inbox: retry after this, doubling up to that
+
+
+class AsyncClient:
+    """A caller's connection to one engine, for coroutines of one event loop.
+
+    Build it with :func:`rte.client.connect_async`; the methods are those of
+    :class:`~rte.client.base.EngineClient`, awaited where they wait.
+    """
+
+    def __init__(self, client: EngineClient) -> None:
+        self._client = client
+        self.name = client.name
+        self.manifest: Manifest = client.manifest
+        self._news: asyncio.Future[None] | None = None  # set while a task sleeps on the fd
+        self._wake: asyncio.Future[None] | None = None  # what that task awaits
+        self._closing = False
+
+    @property
+    def sessions(self) -> set[str]:
+        """The sessions this client has attached and not yet seen leave."""
+        return self._client.sessions
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def held(self) -> int:
+        """Chunks handed out and not yet released."""
+        return self._client.held()
+
+    def notices(self) -> list[Notice]:
+        """Drain the notices that were not answers to a call (does not wait)."""
+        self._check_open()
+        return self._client.notices()
+
+    # -- sessions -------------------------------------------------------------
+
+    async def attach(
+        self,
+        session: str,
+        conditioning: Mapping[str, Any] | None = None,
+        *,
+        credits: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        """As :meth:`EngineClient.attach`."""
+        self._check_open()
+        seq = self._client._next_seq()
+        await self._call(Attach(session, dict(conditioning or {}), seq, credits), timeout)
+
+    async def act(
+        self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
+    ) -> None:
+        """As :meth:`EngineClient.act`: waits only for room in the request ring."""
+        self._check_open()
+        request = Act(session, Action(dict(conditioning)), self._client._next_seq())
+        await self._send(request, time.monotonic() + timeout)
+
+    async def reset(
+        self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
+    ) -> None:
+        """As :meth:`EngineClient.reset`."""
+        self._check_open()
+        fresh = None if conditioning is None else dict(conditioning)
+        await self._call(Reset(session, fresh, self._client._next_seq()), timeout)
+
+    async def detach(self, session: str, *, timeout: float = 5.0) -> None:
+        """As :meth:`EngineClient.detach`."""
+        self._check_open()
+        await self._call(Detach(session, seq=self._client._next_seq()), timeout)
+
+    # -- results --------------------------------------------------------------
+
+    async def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
+        """The next step's chunks as one batch, or None after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while await self._until(self._has_chunks, deadline - time.monotonic()):
+            if (batch := self._client.poll_batch(0.0)) is not None:
+                return batch  # (else another task took it first)
+        return None
+
+    async def poll(self, timeout: float = 1.0) -> Chunk | None:
+        """The next chunk, or None after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while await self._until(self._has_chunks, deadline - time.monotonic()):
+            if (chunk := self._client.poll(0.0)) is not None:
+                return chunk
+        return None
+
+    async def results(self, timeout: float = 1.0) -> AsyncIterator[Chunk]:
+        """Chunks as they come; stops after ``timeout`` s without one."""
+        while (chunk := await self.poll(timeout)) is not None:
+            yield chunk
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Detach every session, release every chunk, leave the engine (idempotent).
+        Other tasks waiting on this client get ClientClosedError."""
+        if self._closing:
+            return
+        self._closing = True
+        _resolve(self._wake)
+        while self._news is not None:  # the sleeping task leaves the descriptor first
+            await asyncio.wait([self._news], timeout=1.0)
+        await asyncio.to_thread(self._client.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- internals ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ClientClosedError(f"this client of {self.name!r} is closed; connect again")
+
+    def _has_chunks(self) -> bool:
+        return bool(self._client._batches)
+
+    async def _call(self, request: Attach | Reset | Detach, timeout: float) -> None:
+        client = self._client
+        seq = client._expect(request)
+        deadline = time.monotonic() + timeout
+        try:
+            await self._send(request, deadline)
+            left = deadline - time.monotonic()
+            if not await self._until(lambda: seq in client._replies, left):
+                raise client._unanswered(request, timeout)
+        finally:
+            client._waiting.pop(seq, None)
+        client._answer(seq)
+
+    async def _send(self, request: Request, deadline: float) -> None:
+        """Hand the request over; while the ring is full, retry (yielding) until ``deadline``."""
+        pause, most = _SEND_PAUSE_S
+        while True:
+            self._check_open()
+            try:
+                self._client._send(request, 0.0)
+                return
+            except RequestTimeout:
+                if time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, most)
+
+    async def _until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``ready()`` (sorting what arrives meanwhile) or ``timeout`` s pass."""
+        self._check_open()
+        client = self._client
+        if ready():
+            return True
+        client._pump(0.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if self._news is not None:  # another task sleeps on the descriptor
+                await asyncio.wait([self._news], timeout=left)
+                self._check_open()
+                continue
+            news = self._news = loop.create_future()
+            try:
+                await self._sleep(loop, min(left, CHECK_EVERY_S))
+                self._check_open()
+                client._pump(0.0)
+            finally:
+                self._news = None
+                news.set_result(None)
+        return True
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, budget: float) -> None:
+        """Sleep on the client's descriptor (announced, so the engine rings it) for
+        at most ``budget`` s; then check that the engine lives."""
+        client = self._client
+        if client._arm():
+            return
+        fd = client._wake_fd()
+        wake = self._wake = loop.create_future()
+        loop.add_reader(fd, _resolve, wake)
+        timer = loop.call_later(budget, _resolve, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            loop.remove_reader(fd)
+            self._wake = None
+            alive = client._disarm()
+        if not self._closing:
+            client._check_live(alive)
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+class Connecting:
+    """What :func:`rte.client.connect_async` returns: await it for the client, or
+    use it in ``async with`` (which closes the client on the way out)."""
+
+    def __init__(self, make: Callable[[], EngineClient]) -> None:
+        self._make = make
+        self._client: AsyncClient | None = None
+
+    async def _connect(self) -> AsyncClient:
+        return AsyncClient(await asyncio.to_thread(self._make))
+
+    def __await__(self) -> Generator[Any, None, AsyncClient]:
+        return self._connect().__await__()
+
+    async def __aenter__(self) -> AsyncClient:
+        self._client = await self._connect()
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
