@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from rte.client import AsyncClient, Chunk, ChunkBatch, Notice
+from rte.client.inputs import InputLoan
 
 T = TypeVar("T")
 
@@ -58,6 +59,9 @@ class LoopClient:
 
     def detach(self, session: str, **kw: Any) -> None:
         self._run(self.client.detach(session, **kw))
+
+    def loan(self, shape: tuple[int, ...], dtype: Any, **kw: Any) -> InputLoan:
+        return self._run(self.client.loan(shape, dtype, **kw))
 
     def poll(self, timeout: float = 1.0) -> Chunk | None:
         return self._run(self.client.poll(timeout))

@@ -22,7 +22,15 @@ import pytest
 
 from rte.cli import bench as cli_bench
 from shm.names import shm_name, unlink_objects
-from tools import bench, bench_e2e, bench_engine, bench_transport, readme_tables, report
+from tools import (
+    bench,
+    bench_e2e,
+    bench_engine,
+    bench_inputs,
+    bench_transport,
+    readme_tables,
+    report,
+)
 
 ENGINE = ["step_p50_us", "step_p99_us", "per_session_us", "floor_p50_us", "overhead_x_floor"]
 E2E = ["inproc_p50_us", "inproc_p99_us", "daemon_p50_us", "daemon_p99_us"]
@@ -183,3 +191,16 @@ def test_rte_bench_passes_its_options_on(monkeypatch: pytest.MonkeyPatch) -> Non
     assert cli_bench.run(args) == 0
     (command,) = commands
     assert command[1:] == ["-m", "tools.bench", "--suite", "e2e", "--json", "--windows", "7"]
+
+
+def test_the_large_input_benchmark_reports_both_ways() -> None:
+    prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
+    try:
+        result = bench_inputs.run(rounds=6, n_windows=1, prefix=prefix)
+    finally:
+        left = unlink_objects(shm_name(prefix))
+    assert not left, f"the inputs benchmark left shared memory behind: {left}"
+    assert [row["way"] for row in result["rows"]] == ["by_value", "loan"]
+    for row in result["rows"]:
+        _finite(row, ["inproc_p50_us", "daemon_p50_us", "added_p50_us", "fps_ratio"])
+        assert row["inproc_fps"] > 0 and row["daemon_fps"] > 0

@@ -11,7 +11,7 @@ in test_daemon.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -145,7 +145,9 @@ def test_refused_requests_raise_or_tell_and_change_nothing(engine: Engines) -> N
         time.sleep(0.01)
     assert any("'ghost' is not attached" in e for e in errors)
     assert any("move must be two ints" in e for e in errors)
-    assert any("unknown conditioning key 'mvoe': reference takes move, prompt" in e for e in errors)
+    assert any(
+        "unknown conditioning key 'mvoe': reference takes frame, move, prompt" in e for e in errors
+    )
     assert client.sessions == {"a"}
     got = indices(take(client, "a", 4))
     assert got == list(range(got[0], got[0] + 4))  # "a" streamed on, untouched
@@ -273,4 +275,35 @@ def test_both_forms_refuse_what_the_wire_cannot_carry(engine: Engines) -> None:
         client.act("a", {"move": {1, 2}})
     with pytest.raises(RequestError, match="keys must be str"):
         client.act("a", {"move": (0, 1), 7: 1})  # type: ignore[dict-item]
+    assert take(client, "a", 2)
+
+
+def test_a_large_input_reaches_the_engine_by_value_or_by_loan(engine: Engines) -> None:
+    """A 512x512x3 frame (far too big for a ring record) shows in the chunks
+    after the action that sent it: copied into a slot, or written in place
+    into a loaned one."""
+    client = engine.client()
+    client.attach("a")
+    h, w, _ = client.manifest.latent_shape
+    client.act("a", {"frame": np.full((8 * h, 8 * w, 3), 200, np.uint8)})
+
+    def until(looks_right: Callable[[np.ndarray], bool], what: str) -> None:
+        limit = Deadline(what=what)
+        while True:
+            limit.check()
+            (chunk,) = take(client, "a", 1)
+            if looks_right(chunk.latent):
+                return
+
+    until(lambda frame: bool(frame.min() >= 100), "a chunk with the bright frame blended in")
+    for _ in range(3):
+        with client.loan((8 * h, 8 * w, 3), "uint8") as frame:
+            frame[...] = 0  # written in place: the slot is what the engine reads
+            client.act("a", {"frame": frame})
+        until(lambda frame: bool(frame.max() <= 127), "a chunk with the dark frame blended in")
+        with client.loan((8 * h, 8 * w, 3), "uint8") as unsent:
+            unsent[...] = 255  # never sent: its slot goes back on leaving the block
+    with pytest.raises(RequestError, match="frame must be a uint8 image"):
+        client.attach("b", {"frame": np.zeros((h + 1, w, 3), np.uint8)})
+    assert client.sessions == {"a"}
     assert take(client, "a", 2)

@@ -17,7 +17,15 @@ from hypothesis.extra import numpy as hnp
 
 from rte.conditioning import conditioning_equal
 from rte.errors import WireError
-from rte.ipc.values import ARRAY_EXT, MAX_DEPTH, MAX_NDIM, decode_value, encode_value
+from rte.ipc.values import (
+    ARRAY_EXT,
+    INPUT_EXT,
+    MAX_DEPTH,
+    MAX_NDIM,
+    InputRef,
+    decode_value,
+    encode_value,
+)
 
 leaves = st.one_of(
     st.none(),
@@ -289,3 +297,33 @@ class Color(enum.Enum):
 def test_what_cannot_be_sent_is_refused_before_it_is_sent(value: object, match: str) -> None:
     with pytest.raises(WireError, match=match):
         encode_value(value)
+
+
+def input_ext(slot: int, generation: int, dtype: bytes, shape: tuple[int, ...]) -> bytes:
+    head = (
+        bytes([len(shape), len(dtype)]) + dtype + b"".join(d.to_bytes(8, "little") for d in shape)
+    )
+    return ext(INPUT_EXT, struct.pack("<IQ", slot, generation) + head)
+
+
+def test_an_input_reference_round_trips_and_a_lying_one_is_refused() -> None:
+    ref = InputRef(7, 2**40, "|u1", (512, 512, 3))
+    back = decode_value(encode_value({"frame": ref, "move": (0, 1)}))
+    assert back == {"frame": ref, "move": (0, 1)}
+    nested = {"frame": ref, "style": {"palette": [1, 2]}}  # not the flat common shape
+    assert decode_value(encode_value(nested)) == {"frame": ref, "style": {"palette": (1, 2)}}
+    assert decode_value(input_ext(7, 2**40, b"|u1", (512, 512, 3))) == ref
+    for data, match in (
+        (ext(INPUT_EXT, b"\x01\x02"), "runs past the end"),
+        (input_ext(1, 1, b"|O8", (1,)), "not allowed"),
+        (input_ext(1, 1, b"<f4", (1,) * (MAX_NDIM + 1)), "dimensions"),
+        (input_ext(1, 1, b"<f4", (2,)) + b"", None),
+        (ext(INPUT_EXT, struct.pack("<IQ", 1, 1) + bytes([1, 3]) + b"<f4" + bytes(9)), "after"),
+    ):
+        if match is None:
+            assert decode_value(data) == InputRef(1, 1, "<f4", (2,))
+            continue
+        with pytest.raises(WireError, match=match):
+            decode_value(data)
+    with pytest.raises(WireError, match="cannot be sent"):
+        encode_value({"frame": InputRef(1, 1, "|O8", (1,))})

@@ -5,7 +5,8 @@
 
 Each suite prints a line to stderr per size or peer as it goes; at the end
 come the tables, or with ``--json`` one object holding every suite that ran
-(under ``engine``, ``e2e``, ``transport``), which ``python -m
+(under ``engine``, ``e2e``, ``inputs``, ``transport``; ``inputs`` runs
+with the e2e suite: a large frame in per step), which ``python -m
 tools.readme_tables`` turns into the README's tables. ``--quick`` is a smoke
 run (2 windows, few rounds; under a minute). Run from a checkout
 (``tools`` is never installed); ``rte bench`` finds the checkout and runs this.
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from tools import bench_e2e, bench_engine, bench_transport
+from tools import bench_e2e, bench_engine, bench_inputs, bench_transport
 from tools.report import DEFAULT_WINDOWS, machine, plot_latency, print_json, print_tables
 
 SIZES = [1, 8, 64]
@@ -47,6 +48,7 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
             rate_seconds=0.2 if quick else 0.5,
             paced_seconds=0.2 if quick else 0.5,
         )
+        results["inputs"] = bench_inputs.run(20 if quick else 100, n_windows)
     if suite in ("transport", "all"):
         results["transport"] = bench_transport.run(quick, n_windows)
     return results
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
         return
-    tables = {"engine": bench_engine.TABLES, "e2e": bench_e2e.TABLES}
+    tables = {"engine": bench_engine.TABLES, "e2e": bench_e2e.TABLES, "inputs": bench_inputs.TABLES}
     tables["transport"] = bench_transport.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])

@@ -32,9 +32,8 @@ Two modes, one row per (sessions, mode):
 
 Every figure is the median over ``--windows`` windows; ``*_spread`` is the
 half-range over windows in % of the median (``tools.report``). Window i runs
-the in-process side then the daemon side, and ``added`` is taken per window.
-Paced chunks/s are counts over a short window: expect about one step of
-quantization (1/30 at 0.5 s).
+the in-process side then the daemon side; ``added`` is taken per window. Paced
+chunks/s count a short window: about one step of quantization (1/30 at 0.5 s).
 
     python -m tools.bench_e2e [--sessions 1 8 64] [--windows 5] [--rounds 200]
                               [--paced-rounds 12] [--json] [--plot FILE.png]
@@ -62,7 +61,6 @@ from rte.contract import Action, StepResult
 from rte.ipc.names import DaemonNames
 from rte.models.null import NullModel, tag_of
 from tools import report
-from tools.report import percentiles_us
 
 PACE_HZ = 60.0
 TIMEOUT_S = 10.0  # every wait for a chunk
@@ -172,13 +170,15 @@ def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> d
 # -- through a daemon ------------------------------------------------------------
 
 
-class _Daemon:
-    """``rte serve --model null`` in a child process; :meth:`close` stops it and
+class Daemon:
+    """``rte serve --model MODEL`` in a child process; :meth:`close` stops it and
     removes its shared memory, whatever state it is in."""
 
-    def __init__(self, sessions: int, pace_hz: float = 0.0, prefix: str = "bench") -> None:
+    def __init__(
+        self, sessions: int, pace_hz: float = 0, prefix: str = "bench", model: str = "null"
+    ) -> None:
         self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", "null"]
+        command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", model]
         command += ["--max-sessions", str(sessions), "--max-clients", "2"]
         command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
         command += ["--pace-hz", str(pace_hz)] if pace_hz else []
@@ -291,7 +291,7 @@ def through_daemon(
 
 
 def _latency(local: list[int], remote: list[int]) -> dict[str, float]:
-    a, b = percentiles_us(local), percentiles_us(remote)
+    a, b = report.percentiles_us(local), report.percentiles_us(remote)
     return {
         "inproc_p50_us": a["p50_us"],
         "inproc_p99_us": a["p99_us"],
@@ -323,7 +323,7 @@ def _paced_window(
     cpu, began = time.process_time(), time.monotonic()
     count = _drain_count(client, seconds, held)
     cpu_pct = (time.process_time() - cpu) / (time.monotonic() - began) * 100
-    ours, theirs = percentiles_us(held), percentiles_us(local["held"])
+    ours, theirs = report.percentiles_us(held), report.percentiles_us(local["held"])
     return {
         **_latency(local["samples"], remote),
         "inproc_chunks_per_s": local["rate"],
@@ -347,7 +347,7 @@ def measure(
     prefix: str = "bench",
 ) -> dict[str, Any]:
     """One row: a daemon for this (sessions, mode), ``n_windows`` windows, their summary."""
-    daemon = _Daemon(sessions, PACE_HZ if mode == "paced" else 0.0, prefix)
+    daemon = Daemon(sessions, PACE_HZ if mode == "paced" else 0.0, prefix)
     try:
         with daemon.connect() as client:
             names = [f"s{i}" for i in range(sessions)]

@@ -74,6 +74,14 @@ OPTIONS = (
         None,
         "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)",
     ),
+    Option(
+        "input-slots",
+        int,
+        None,
+        "slots through which clients lend large inputs by reference (default 4 per "
+        "client; 0: none)",
+    ),
+    Option("input-slot-kib", int, 1024, "the largest input one input slot carries"),
     Option("log-level", str, "info", "what the log says (with timestamps)", LOG_LEVELS),
 )
 

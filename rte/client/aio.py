@@ -35,16 +35,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from rte.client.base import Chunk, EngineClient
+from rte.client.base import Chunk, EngineClient, R
 from rte.client.batch import ChunkBatch
+from rte.client.inputs import InputLoan
 from rte.contract import Action, Manifest, Notice
 from rte.errors import ClientClosedError, RequestTimeout
 from rte.serve import Act, Attach, Detach, Request, Reset
 
+T = TypeVar("T")
 CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often
-_SEND_PAUSE_S = (0.0005, 0.02)  # a full inbox: retry after this, doubling up to that
+_RETRY_PAUSE_S = (0.0005, 0.02)  # no room: retry after this, doubling up to that
 
 
 class AsyncClient:
@@ -100,8 +102,14 @@ class AsyncClient:
     ) -> None:
         """As :meth:`EngineClient.act`: waits only for room in the request ring."""
         self._check_open()
+        deadline = time.monotonic() + timeout
         request = Act(session, Action(dict(conditioning)), self._client._next_seq())
-        await self._send(request, time.monotonic() + timeout)
+        await self._send_lent(await self._lend(request, deadline), deadline)
+
+    async def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
+        """As :meth:`EngineClient.loan`, waiting (yielding) for input quota."""
+        client = self._client
+        return await self._retry(lambda: client.loan(shape, dtype, timeout=0.0), timeout)
 
     async def reset(
         self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
@@ -172,7 +180,7 @@ class AsyncClient:
         seq = client._expect(request)
         deadline = time.monotonic() + timeout
         try:
-            await self._send(request, deadline)
+            await self._send_lent(await self._lend(request, deadline), deadline)
             left = deadline - time.monotonic()
             if not await self._until(lambda: seq in client._replies, left):
                 raise client._unanswered(request, timeout)
@@ -180,14 +188,30 @@ class AsyncClient:
             client._waiting.pop(seq, None)
         client._answer(seq)
 
-    async def _send(self, request: Request, deadline: float) -> None:
-        """Hand the request over; while the ring is full, retry (yielding) until ``deadline``."""
-        pause, most = _SEND_PAUSE_S
+    async def _lend(self, request: R, deadline: float) -> R:
+        """The request with its large arrays lent by slot, waiting (yielding) for quota."""
+        client = self._client
+        return await self._retry(lambda: client._lend(request, 0.0), deadline - time.monotonic())
+
+    async def _send_lent(self, request: Request, deadline: float) -> None:
+        """Hand the request over, retrying (yielding) while the ring is full; a
+        request that could not be sent gives back the slots it was lent."""
+        client = self._client
+        try:
+            await self._retry(lambda: client._send(request, 0.0), deadline - time.monotonic())
+        except BaseException:
+            client._unlend(request)
+            raise
+
+    async def _retry(self, attempt: Callable[[], T], timeout: float) -> T:
+        """``attempt()`` until it does not raise RequestTimeout (there is room),
+        yielding between tries, for up to ``timeout`` s; then its RequestTimeout."""
+        deadline = time.monotonic() + timeout
+        pause, most = _RETRY_PAUSE_S
         while True:
             self._check_open()
             try:
-                self._client._send(request, 0.0)
-                return
+                return attempt()
             except RequestTimeout:
                 if time.monotonic() + pause > deadline:
                     raise

@@ -23,14 +23,17 @@ import abc
 import collections
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from rte.client.batch import ChunkBatch
+from rte.client.inputs import InputLoan
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.serve import Act, Attach, Detach, Request, Reset
+
+R = TypeVar("R", bound=Request)
 
 _FINAL = {  # the notices that answer each waiting call
     Attach: frozenset({NoticeKind.ATTACHED, NoticeKind.REJECTED, NoticeKind.ERROR}),
@@ -171,9 +174,44 @@ class EngineClient(abc.ABC):
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> None:
         """Send an action; it applies at the session's next step. Does not wait
-        for an answer: a refusal arrives later as a notice (see :meth:`notices`)."""
+        for an answer: a refusal arrives later as a notice (see :meth:`notices`).
+
+        A large array (a frame, an image) travels by reference, not through the
+        ring: one from :meth:`loan` as it is, any other of 64 KiB or more copied
+        once into a slot of the daemon's input slab (see :mod:`rte.client.inputs`).
+        Do not change an array after sending it in process: the engine reads it.
+        """
         self._check_open()
-        self._send(Act(session, Action(dict(conditioning)), self._next_seq()), timeout)
+        request = self._lend(Act(session, Action(dict(conditioning)), self._next_seq()), timeout)
+        self._send_lent(request, timeout)
+
+    def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
+        """A buffer for a large input, to fill in place and send by reference:
+
+            with client.loan((512, 512, 3), "uint8") as frame:
+                camera.read_into(frame)
+                client.act("alice", {"frame": frame})
+
+        Over shared memory it is a slot of the daemon's input slab, this
+        client's until sent (leaving the block unsent gives it back); it waits
+        up to ``timeout`` s for the client's input quota (RequestTimeout).
+        """
+        self._check_open()
+        return InputLoan(np.empty(shape, dtype), None)
+
+    def _lend(self, request: R, timeout: float) -> R:
+        """``request`` with its large arrays sent by reference (its form's way)."""
+        return request
+
+    def _unlend(self, request: Request) -> None:  # noqa: B027 (in process: nothing was taken)
+        """``request`` was not sent: what :meth:`_lend` took for it goes back."""
+
+    def _send_lent(self, request: Request, timeout: float) -> None:
+        try:
+            self._send(request, timeout)
+        except BaseException:
+            self._unlend(request)
+            raise
 
     def reset(
         self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
@@ -288,7 +326,7 @@ class EngineClient(abc.ABC):
         seq = self._expect(request)
         deadline = time.monotonic() + timeout
         try:
-            self._send(request, timeout)
+            self._send_lent(self._lend(request, timeout), timeout)
             while seq not in self._replies:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -29,6 +29,7 @@ import numpy as np
 
 from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
+from rte.client.inputs import by_reference
 from rte.contract import Engine, Notice, NoticeKind, StepResult
 from rte.errors import EngineGone, RequestTimeout
 from rte.ipc.wire import encode_request
@@ -109,7 +110,7 @@ class InProcessClient(EngineClient):
 
     def _send(self, request: Request, timeout: float) -> None:
         self._check_alive()
-        encode_request(request)  # the wire's limits hold here too: both forms refuse alike
+        encode_request(by_reference(request))  # the wire's limits hold here too, no copy
         if isinstance(request, Attach):
             with self._lock:
                 self._credit[request.session] = request.credits or self.credits

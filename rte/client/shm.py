@@ -35,9 +35,10 @@ from typing import Any, cast
 import numpy as np
 import psutil
 
-from rte.client.base import EngineClient
+from rte.client.base import EngineClient, R
 from rte.client.batch import ChunkBatch
 from rte.client.daemon import meaning, open_control
+from rte.client.inputs import InputLoan, Lender, open_inputs
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, WireError
 from rte.ipc.claims import ClientState
@@ -126,6 +127,7 @@ class ShmClient(EngineClient):
             self._bell = self._own(Doorbell(names.bell))
             self._join(names, deadline, policy, spin_us)
             self._block = self._control.client_block(self.index)
+            self._lender = Lender(open_inputs(names, self._own), self.index, name)
             self._bell.ring()  # wake an idle daemon so that it adopts us now
         except BaseException as exc:
             self._give_back_slot()
@@ -178,6 +180,18 @@ class ShmClient(EngineClient):
             with contextlib.suppress(Exception):  # what cannot be said, the daemon reaps
                 if not self._table.abandon(self.index, self._generation):
                     self._table.leave(self.index, self._generation)
+
+    # -- inputs by slot (rte.client.inputs) ------------------------------
+
+    def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
+        self._check_open()
+        return self._lender.loan(tuple(shape), dtype, timeout)
+
+    def _lend(self, request: R, timeout: float) -> R:
+        return self._lender.lend_request(request, timeout)
+
+    def _unlend(self, request: Request) -> None:
+        self._lender.unsent(request)
 
     def _own(self, thing: Any) -> Any:
         self._opened.append(thing)

@@ -36,14 +36,16 @@ from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.control import Control, Counter, DaemonState
+from rte.ipc.inputs import InputRefused, Inputs, conditioning_of, with_conditioning
 from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
 from rte.ipc.wire import Bye, decode_request, request_seq
-from rte.serve import Attach, Detach, OutboxItem, Reset, ServeLoop
+from rte.serve import Attach, Detach, OutboxItem, Request, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 from shm.fifo import FifoBell
+from shm.slab import Sample
 
 log = logging.getLogger("rte.daemon")
 _COMINGS = {NoticeKind.ATTACHED, NoticeKind.DETACHED}
@@ -66,6 +68,7 @@ class Shared:
     bell: Doorbell
     client_bells: list[Doorbell]
     client_wakes: list[FifoBell]  # the same, as FIFOs: for clients on an event loop
+    inputs: Slab | None = None  # the input slab (None: no inputs by slot)
 
 
 class DaemonCore:
@@ -84,6 +87,7 @@ class DaemonCore:
             shared.client_wakes,
         )
         self.router = Router(settings.credits)
+        self.inputs = Inputs(shared.inputs)
         manifest = model.manifest()
         self.allocator = SlabAllocator(shared.slab, manifest, self.router.owners.__getitem__)
         self.engine = ComposedEngine(model, allocator=self.allocator)
@@ -165,10 +169,14 @@ class DaemonCore:
         due = self.table.due()  # 3.
         if due:
             started = time.monotonic_ns()
+            self.inputs.step_begins()
             outcome = self.loop.step(due)
+            self.inputs.step_ended()
             self.step_times.add(time.monotonic_ns() - started)
             self.out.deliver(outcome, None)
             self._steps += 1
+        elif not self.router.owners and not self._orphans:
+            self.inputs.settle()
         if now < self._next_idle_check:
             return bool(due)
         self._next_idle_check = now + IDLE_CHECK_EVERY_S
@@ -250,6 +258,16 @@ class DaemonCore:
             return
         if isinstance(message, Detach | Reset) and not self._room_to_finalize(message.session):
             message = dataclasses.replace(message, finalize=False)
+        try:  # inputs lent by slot: read-only views of the client's slots
+            resolved, samples = self.inputs.resolve(connection.index, conditioning_of(message))
+        except InputRefused as exc:
+            log.warning("client %d: refused: %s", connection.index, exc)
+            refusal = Notice(message.session, NoticeKind.ERROR, str(exc), message.seq)
+            self.out.send(connection, refusal)
+            self.control.count(Counter.ERRORS)
+            return
+        if samples:
+            message = with_conditioning(message, resolved or {})
         credits = 0  # what an ATTACHED binds the session with (0: the default)
         if isinstance(message, Attach):
             credits = message.credits
@@ -262,8 +280,29 @@ class DaemonCore:
                 text = f": {answer.message}" if answer.message else ""
                 what = f"{answer.kind.name.lower()} {answer.session!r}{text}"
                 log.log(level, "client %d: %s", connection.index, what)
+        if self.inputs.slab is not None:
+            self._track_inputs(message, answers, samples)
         self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
+
+    def _track_inputs(
+        self, message: Request, answers: list[OutboxItem], samples: dict[str, Sample]
+    ) -> None:
+        """Which input slots the session's conditioning now holds, after the loop
+        took (or refused) ``message``."""
+        for answer in answers:
+            if (
+                isinstance(answer, Notice)
+                and answer.seq == message.seq
+                and answer.kind in (NoticeKind.ERROR, NoticeKind.REJECTED)
+            ):
+                self.inputs.refused(samples)
+                return
+        conditioning = conditioning_of(message)
+        if isinstance(message, Detach) or (isinstance(message, Reset) and conditioning is not None):
+            self.inputs.drop(message.session)
+        if conditioning:
+            self.inputs.taken(message.session, conditioning, samples)
 
     def _room_to_finalize(self, session: str) -> bool:
         """Whether a detaching session's in-flight chunk has a slot to go to. If
@@ -285,6 +324,7 @@ class DaemonCore:
         out: list[OutboxItem] = []
         try:
             self.loop.detach(session, finalize=finalize, reason=reason, out=out)
+            self.inputs.drop(session)
             gone = True
         except EngineFault:
             raise
@@ -305,6 +345,8 @@ class DaemonCore:
                 self.router.release(session)
                 self._orphans.add(session)
         self.table.remove(connection, revoked=revoked)
+        if self.inputs.slab is not None:
+            self.inputs.slab.reclaim(connection.index)  # what it loaned and never sent
 
     def _retry_orphans(self, now: float) -> None:
         if self._orphans and now >= self._next_orphan_retry:

@@ -44,6 +44,11 @@ class DaemonNames:
         return shm_name(self.daemon, "slab")
 
     @property
+    def inputs(self) -> str:
+        """The input slab: slots clients lend large inputs through."""
+        return shm_name(self.daemon, "inputs")
+
+    @property
     def bell(self) -> str:
         """The daemon's doorbell: every client's inbox rings it."""
         return shm_name(self.daemon, "bell")

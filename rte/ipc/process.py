@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from rte.contract import Manifest
 from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
-from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control, DaemonState, Layout
+from rte.ipc.control import KIND_CONTROL, KIND_INPUTS, KIND_SLAB, Control, DaemonState, Layout
 from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.metrics import serve_metrics
 from rte.ipc.names import DaemonNames
@@ -248,7 +248,20 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     for i in range(n):
         Ring.create(segment, layout.inbox(i), settings.ring_capacity, policy="spin")
         Ring.create(segment, layout.outbox(i), settings.ring_capacity, policy="spin")
-    return Shared(segment, control, slab, bell, client_bells, client_wakes)
+    inputs = None
+    if settings.input_slab_slots:
+        slots, slot_bytes = settings.input_slab_slots, settings.input_slot_kib * 1024
+        size = HEADER_SIZE + Slab.footprint(HEADER_SIZE, slots, slot_bytes, n)
+        inputs_segment = _owned(stack, Segment.create(names.inputs, size, kind=KIND_INPUTS))
+        inputs = Slab.create(
+            inputs_segment,
+            HEADER_SIZE,
+            slots=slots,
+            slot_bytes=slot_bytes,
+            max_owners=n,
+            quota=slots // n,
+        )
+    return Shared(segment, control, slab, bell, client_bells, client_wakes, inputs)
 
 
 def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:

@@ -50,6 +50,10 @@ class Settings:
             the model's factory as ``device``.
         metrics_port: serve Prometheus metrics at http://127.0.0.1:PORT/metrics
             (0: any free port, said in the ready line); None: not served.
+        input_slots: slots of the input slab, through which clients lend large
+            inputs (frames, images) by reference; None: 4 per client; 0: none.
+            Each client may hold an even share.
+        input_slot_kib: each input slot's size (the largest input one carries).
     """
 
     name: str
@@ -66,6 +70,8 @@ class Settings:
     model_settings: Mapping[str, Any] | None = None
     device: str | None = None
     metrics_port: int | None = None
+    input_slots: int | None = None
+    input_slot_kib: int = 1024
 
     def __post_init__(self) -> None:
         try:
@@ -98,6 +104,10 @@ class Settings:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigurationError(f"--device {self.device!r}: one of cpu, cuda, cuda:N")
+        if self.input_slots is not None and self.input_slots:
+            _at_least("input-slots", self.input_slots, self.max_clients, "one per client, or 0")
+        _at_least("input-slots", self.input_slots or 0, 0)
+        _at_least("input-slot-kib", self.input_slot_kib, 1)
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"--metrics-port {self.metrics_port}: 0 to 65535")
         try:
@@ -116,6 +126,11 @@ class Settings:
     def ring_capacity(self) -> int:
         """Each ring's byte capacity: ``ring_kib`` rounded up to a power of two."""
         return 1 << (self.ring_kib * 1024 - 1).bit_length()
+
+    @property
+    def input_slab_slots(self) -> int:
+        """Slots of the input slab (0: the daemon takes no inputs by slot)."""
+        return 4 * self.max_clients if self.input_slots is None else self.input_slots
 
     @property
     def client_quota(self) -> int:

@@ -23,6 +23,10 @@ msgpack allows. The value is at the top of the body and must take all of it.
   array is the receiver's own writable copy, never a view of the ring.
 - NumPy scalars (``np.int64``, ``np.float32``, ``np.bool_``) go as the plain
   Python values they hold.
+- An :class:`InputRef` (an array lent through the daemon's input slab, see
+  :mod:`rte.ipc.inputs`) is extension type :data:`INPUT_EXT` (2): ``slot u32 |
+  generation u64`` then the array header above, without the bytes. Only the
+  daemon turns it into an array, after checking the slot is the sender's.
 
 The common body, a map of str keys to scalars and to arrays of scalars, is
 decoded by a typed decoder (``dict[str, scalar | tuple[scalar, ...]] | None``)
@@ -53,12 +57,40 @@ from rte.errors import WireError
 MAX_DEPTH = 32
 MAX_NDIM = 8
 ARRAY_EXT = 1  # the msgpack extension type code of a NumPy array
+INPUT_EXT = 2  # ... and of an InputRef
+
+
+class InputRef:
+    """An array in a slot of the daemon's input slab: which slot, at which
+    generation, and the array's dtype (``dtype.str``) and shape."""
+
+    __slots__ = ("dtype", "generation", "shape", "slot")
+
+    def __init__(self, slot: int, generation: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.slot = slot
+        self.generation = generation
+        self.dtype = dtype
+        self.shape = tuple(shape)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InputRef) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.slot, self.generation, self.dtype, self.shape)
+
+    def __repr__(self) -> str:
+        return f"InputRef(slot={self.slot}, generation={self.generation}, {self.dtype}{self.shape})"
+
 
 _ARRAY_KINDS = "biufc"  # bool, ints, floats, complex: never object or void
 _DTYPE = re.compile(rb"[<>|][biufc][0-9]{1,2}")  # what ``dtype.str`` of those kinds looks like
 _ARRAY_HEAD = struct.Struct("<BB")  # ndim, dtype length
+_INPUT_HEAD = struct.Struct("<IQ")  # slot, generation
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
-_FLAT = _SCALARS | {np.ndarray}  # leaves of the common small dict, checked in one loop
+_FLAT = _SCALARS | {np.ndarray, InputRef}  # leaves of the common small dict, checked in one loop
 _SENDABLE = (bool, int, float, str, bytes, bytearray, np.bool_, np.integer, np.floating)
 
 
@@ -66,6 +98,10 @@ def _enc_hook(obj: Any) -> Any:
     """What msgspec does not encode itself: arrays, NumPy scalars, subclasses."""
     if isinstance(obj, np.ndarray):
         return _array_ext(obj)
+    if isinstance(obj, InputRef):
+        _check_array(np.empty((0,) * len(obj.shape), np.dtype(obj.dtype)))
+        head = _INPUT_HEAD.pack(obj.slot, obj.generation)
+        return msgspec.msgpack.Ext(INPUT_EXT, head + _array_head(np.dtype(obj.dtype), obj.shape))
     if isinstance(obj, bool | np.bool_):
         return bool(obj)
     if isinstance(obj, int | np.integer):
@@ -80,9 +116,17 @@ def _enc_hook(obj: Any) -> Any:
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
-    if code != ARRAY_EXT:
-        raise WireError(f"unknown msgpack extension type {code}")
-    return _decode_array(data)
+    if code == ARRAY_EXT:
+        return _decode_array(data)
+    if code == INPUT_EXT:
+        if len(data) < _INPUT_HEAD.size:
+            raise WireError("input reference runs past the end of its extension")
+        slot, generation = _INPUT_HEAD.unpack_from(data)
+        dtype, shape, end = _parse_head(data[_INPUT_HEAD.size :])
+        if end != len(data) - _INPUT_HEAD.size:
+            raise WireError("an input reference carries bytes after its shape")
+        return InputRef(slot, generation, dtype.str, shape)
+    raise WireError(f"unknown msgpack extension type {code}")
 
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
@@ -151,6 +195,8 @@ def _check_outgoing(value: Any, depth: int) -> None:
             _check_outgoing(item, depth + 1)
     elif isinstance(value, np.ndarray):
         _check_array(value)
+    elif isinstance(value, InputRef):
+        return  # (checked as it is encoded)
     elif not isinstance(value, _SENDABLE):
         raise WireError(f"cannot send a {type(value).__name__} as conditioning")
 
@@ -179,16 +225,22 @@ def _check_array(array: np.ndarray[Any, Any]) -> None:
         raise WireError(f"arrays of dtype {array.dtype} and {array.ndim} dims cannot be sent")
 
 
+def _array_head(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    text = dtype.str.encode()
+    return b"".join(
+        (_ARRAY_HEAD.pack(len(shape), len(text)), text, struct.pack(f"<{len(shape)}Q", *shape))
+    )
+
+
 def _array_ext(array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
     _check_array(array)
-    dtype = array.dtype.str.encode()
-    head = _ARRAY_HEAD.pack(array.ndim, len(dtype)) + dtype
-    shape = struct.pack(f"<{array.ndim}Q", *array.shape)
-    return msgspec.msgpack.Ext(ARRAY_EXT, b"".join((head, shape, array.tobytes())))
+    return msgspec.msgpack.Ext(
+        ARRAY_EXT, b"".join((_array_head(array.dtype, array.shape), array.tobytes()))
+    )
 
 
-def _decode_array(data: memoryview) -> np.ndarray[Any, Any]:
-    """The array an extension holds, copied out of ``data`` (a view of the input)."""
+def _parse_head(data: memoryview) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """An array header's dtype and shape, and where its bytes begin."""
     if len(data) < _ARRAY_HEAD.size:
         raise WireError("array header runs past the end of its extension")
     ndim, dtype_len = _ARRAY_HEAD.unpack_from(data)
@@ -205,7 +257,12 @@ def _decode_array(data: memoryview) -> np.ndarray[Any, Any]:
         dtype = None
     if dtype is None or dtype.kind not in _ARRAY_KINDS or dtype.str.encode() != text:
         raise WireError(f"array dtype {text!r} is not allowed (numeric dtypes only)")
-    shape = struct.unpack_from(f"<{ndim}Q", data, shape_at)
+    return dtype, struct.unpack_from(f"<{ndim}Q", data, shape_at), raw_at
+
+
+def _decode_array(data: memoryview) -> np.ndarray[Any, Any]:
+    """The array an extension holds, copied out of ``data`` (a view of the input)."""
+    dtype, shape, raw_at = _parse_head(data)
     raw = data[raw_at:]
     nbytes = dtype.itemsize * math.prod(shape)
     if nbytes != len(raw):

@@ -11,6 +11,10 @@ KV cache) and an encoded prompt.
   the chunk's output buffer.
 * ENCODE ``encode_prompt``: the heavy ``prompt`` key to an embedding, with a
   settable cost (``encode_cost_s``) to make encodes over budget.
+* ``frame``: an input image (``uint8``, ``(k*H, k*W, 3)`` for an output of
+  ``(H, W, 3)``), blended half and half into every later output, sampled every
+  k-th pixel: what a video-in or img2img model consumes, for the tests and
+  ``rte bench`` to send large inputs through the slab.
 
 Rows never mix and every row is computed on arrays of its own, so a session's
 output is bit-identical solo and batched, and two sessions differ.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,6 +71,31 @@ class ReferenceModel(PromptMoveModel):
         self._palette = palette.astype(np.float32) / np.float32(channels)
         self.encodes: list[tuple[str, str]] = []  # (session, prompt) of every ENCODE
 
+    def conditioning_keys(self) -> frozenset[str]:
+        return frozenset({"prompt", "move", "frame"})
+
+    def check_conditioning(self, conditioning: Mapping[str, Any]) -> None:
+        super().check_conditioning(conditioning)
+        frame = conditioning.get("frame")
+        if frame is None:
+            return
+        h, w, _ = self.frame_shape
+        shape: tuple[int, ...] = getattr(frame, "shape", ())
+        if (
+            not isinstance(frame, np.ndarray)
+            or frame.dtype != np.uint8
+            or len(shape) != 3
+            or shape[2] != 3
+            or shape[0] % h
+            or shape[1] % w
+            or shape[0] // h != shape[1] // w
+            or not shape[0]
+        ):
+            what = f"{frame.dtype}{shape}" if isinstance(frame, np.ndarray) else repr(frame)
+            raise ValueError(
+                f"frame must be a uint8 image of (k*{h}, k*{w}, 3) for a whole k, got {what}"
+            )
+
     def seed(self, batch: Batch) -> None:
         for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
             self._noise_seed[row] = _digest(session)
@@ -98,10 +128,16 @@ class ReferenceModel(PromptMoveModel):
             self._state[row] = latent
 
     def _decode(self, batch: Batch) -> None:
-        for latent, out in zip(batch.carry["latent"], batch.out, strict=True):
+        latents, conditioning = batch.carry["latent"], batch.conditioning
+        for latent, out, cond in zip(latents, batch.out, conditioning, strict=True):
             rgb = np.einsum("chw,cd->hwd", latent, self._palette, optimize=False)
             frame = np.clip(np.float32(127.5) + np.float32(127.5) * rgb, 0, 255).astype(np.uint8)
-            out[...] = frame.repeat(self._scale, axis=0).repeat(self._scale, axis=1)
+            image = frame.repeat(self._scale, axis=0).repeat(self._scale, axis=1)
+            seen = cond.get("frame")
+            if seen is not None:  # an input image: half of every pixel is its
+                k = seen.shape[0] // image.shape[0]
+                image = ((image.astype(np.uint16) + seen[::k, ::k]) >> 1).astype(np.uint8)
+            out[...] = image
 
     def _encode_prompt(self, batch: Batch) -> None:
         for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
