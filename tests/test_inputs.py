@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from daemon_harness import DaemonProcess, Deadline, take
 
+from rte.cli.inspect import render
 from rte.client import RequestError, RequestTimeout, ShmClient
 from rte.contract import Action, NoticeKind
 from rte.errors import WireError
 from rte.ipc.control import KIND_INPUTS
+from rte.ipc.inspect import snapshot
 from rte.ipc.names import DaemonNames
 from rte.ipc.values import InputRef
 from rte.serve import Act
@@ -87,6 +89,9 @@ def test_loans_are_bounded_by_the_quota_and_come_back_unsent(
 ) -> None:
     with daemon.client() as client:
         loans = [client.loan(FRAME, "uint8") for _ in range(inputs.quota)]
+        snap = snapshot(daemon.name)  # rte inspect shows who holds input slots
+        assert snap["inputs"]["held_by_client"] == {str(client.index): inputs.quota}
+        assert f"inputs  {inputs.slots} slots of 1,048,576 B" in render(snap)
         with pytest.raises(RequestTimeout, match="holds its quota of 4"):
             client.loan(FRAME, "uint8", timeout=0.2)
         with pytest.raises(RequestTimeout, match="no input slot"):  # by value, the same rule

@@ -138,6 +138,24 @@ def render_list(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _slab_lines(label: str, slab: dict[str, Any]) -> list[str]:
+    """A slab's state (the chunks' slab, or the input slab), its counters and holders."""
+    st, states, pad = slab["statistics"], slab["by_state"], " " * len(label)
+    lines = [
+        f"{label}  {st['slots']} slots of {st['slot_size']:,} B  free {states['free']}  "
+        f"writing {states['writing']}  ready {states['ready']}  "
+        f"quota {st['quota']}/client  oldest held {_age(slab['oldest_held_s'])}",
+        f"{pad}  acquired {st['acquired']}  released {st['released']}  "
+        f"reclaimed {st['reclaimed']}  "
+        f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
+        f"full {st['full_events']}  high water {st['high_water']}",
+    ]
+    held = slab["held_by_client"]
+    lines.append(f"{pad}  {'HOLDER':<10}{'SLOTS':>6}" if held else f"{pad}  no slot held")
+    lines += [f"{pad}  client {k:<3}{v:>6}" for k, v in held.items()]
+    return lines
+
+
 def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     s, m = snap["summary"], snap["manifest"]
     dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
@@ -180,22 +198,9 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
             lines.append(f"{'':26}  pushed to taken: p50 {_us(taken[0])}  p99 {_us(taken[1])}")
     if not snap["clients"]:
         lines.append("(no clients)")
-    slab = snap["slab"]
-    if slab is not None:
-        st = slab["statistics"]
-        lines += [
-            "",
-            f"slab  {st['slots']} slots of {st['slot_size']:,} B  free {slab['by_state']['free']}  "
-            f"writing {slab['by_state']['writing']}  ready {slab['by_state']['ready']}  "
-            f"quota {st['quota']}/client  oldest held {_age(slab['oldest_held_s'])}",
-            f"      acquired {st['acquired']}  released {st['released']}  "
-            f"reclaimed {st['reclaimed']}  "
-            f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
-            f"full {st['full_events']}  high water {st['high_water']}",
-        ]
-        held = slab["held_by_client"]
-        lines.append(f"      {'HOLDER':<10}{'SLOTS':>6}" if held else "      no slot held")
-        lines += [f"      client {k:<3}{v:>6}" for k, v in held.items()]
+    for label, slab in (("slab", snap["slab"]), ("inputs", snap.get("inputs"))):
+        if slab is not None:
+            lines += ["", *_slab_lines(label, slab)]
     pushed = delivery_us(
         snap["emitted_to_pushed"], previous["emitted_to_pushed"] if previous else None
     )

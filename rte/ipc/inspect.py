@@ -21,7 +21,7 @@ import numpy as np
 from rte.errors import DaemonRunningError
 from rte.ipc import latency
 from rte.ipc.claims import ClientState
-from rte.ipc.control import KIND_CONTROL, KIND_SLAB, Control
+from rte.ipc.control import KIND_CONTROL, KIND_INPUTS, KIND_SLAB, Control
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import describe
 from shm import Ring, Segment, ShmError, Slab, SlotState, is_alive
@@ -93,10 +93,15 @@ def remove_leftovers(name: str) -> list[str]:
 def snapshot(name: str) -> dict[str, Any]:
     """Everything about daemon ``name``, read from its segments."""
     segment, control = _open(name)
+    names = DaemonNames(name)
     try:
-        slab_segment = Segment.open(DaemonNames(name).slab, kind=KIND_SLAB, readonly=True)
+        slab_segment = Segment.open(names.slab, kind=KIND_SLAB, readonly=True)
     except ShmError:
         slab_segment = None
+    try:
+        inputs_segment = Segment.open(names.inputs, kind=KIND_INPUTS, readonly=True)
+    except ShmError:  # none (--input-slots 0), or not readable: shown as none
+        inputs_segment = None
     try:
         layout = control.layout
         clients = []
@@ -117,6 +122,7 @@ def snapshot(name: str) -> dict[str, Any]:
                     "alive": is_alive(entry.pid, entry.start),
                     "state": entry.state.name.lower(),
                     "sessions": entry.sessions,
+                    "wakes_by": "fd" if entry.wakes_by_fd else "semaphore",
                     "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
                     "rings": rings,
                     "pushed_to_taken": control.client_histogram(entry.index).counts().tolist(),
@@ -128,6 +134,7 @@ def snapshot(name: str) -> dict[str, Any]:
             "manifest": asdict(control.manifest()),
             "clients": clients,
             "slab": _slab(slab_segment) if slab_segment is not None else None,
+            "inputs": _slab(inputs_segment) if inputs_segment is not None else None,
             "counters": control.counters(),
             "emitted_to_pushed": control.histogram.counts().tolist(),
             "emitted_to_pushed_sum_ns": _total(control.histogram),
@@ -137,8 +144,9 @@ def snapshot(name: str) -> dict[str, Any]:
         }
     finally:
         segment.close()
-        if slab_segment is not None:
-            slab_segment.close()
+        for opened in (slab_segment, inputs_segment):
+            if opened is not None:
+                opened.close()
 
 
 def _total(histogram: latency.Histogram) -> int:
