@@ -59,6 +59,7 @@ def test_demo_streams_writes_its_png_and_leaves_nothing(tmp_path: Path) -> None:
     out, err = done.communicate(timeout=120)
     assert done.returncode == 0, err
     assert "chunks/s in all" in out and "session-3" in out
+    assert "model world" in out  # the trained world is the default
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "left in /dev/shm: nothing" in out
     assert demo_leftovers(done.pid) == []
@@ -123,7 +124,7 @@ def test_clean_removes_a_dead_daemons_leftovers_and_refuses_a_live_one(shm_prefi
     assert leftovers(shm_prefix) == []
 
 
-@pytest.mark.parametrize("command", ["serve", "demo", "inspect", "clean", "bench"])
+@pytest.mark.parametrize("command", ["serve", "demo", "play", "inspect", "clean", "bench"])
 def test_help_is_plain_text(command: str) -> None:
     done = rte_command(command, "--help")
     assert done.returncode == 0

@@ -2,6 +2,7 @@
 
 rte serve       run the engine daemon (the product)
 rte demo        launch a daemon, stream sessions from a client, show rates
+rte play        play a model in a browser: a page on 127.0.0.1, one session per tab
 rte inspect     read live daemons' rings, slab and counters
 rte clean       remove what a dead daemon left in /dev/shm
 rte bench       the benchmarks of a source checkout (tools/)
@@ -17,7 +18,7 @@ import sys
 from typing import NoReturn
 
 import rte
-from rte.cli import bench, clean, demo, inspect, serve
+from rte.cli import bench, clean, demo, inspect, play, serve
 from rte.errors import ConfigurationError, RteError
 from shm import ShmError
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
     parser.add_argument("--debug", "-v", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (serve, demo, inspect, clean, bench):
+    for command in (serve, demo, play, inspect, clean, bench):
         command.add_parser(sub)
     args = parser.parse_args(argv)
     try:

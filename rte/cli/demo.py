@@ -1,10 +1,12 @@
-"""``rte demo``: the main job, end to end, on the reference model.
+"""``rte demo``: the main job, end to end, on the trained world model.
 
 Launches a daemon in a child process (or attaches to ``--name``), attaches
-several sessions from a client, streams for a few seconds while steering them,
-shows per-session chunks/s and chunk latency (generated in the daemon to
-received here), optionally writes a PNG contact sheet of decoded frames, and
-shuts everything down, leaving nothing in /dev/shm.
+several sessions from a client, each with its own prompt (a forest, a desert
+at night...) and walking its own way, streams for a few seconds while
+steering them, shows per-session chunks/s and chunk latency (generated in the
+daemon to received here), optionally writes a PNG contact sheet of the first
+frames of each walk (labelled by session, prompt and direction), and shuts
+everything down, leaving nothing in /dev/shm.
 """
 
 from __future__ import annotations
@@ -12,24 +14,35 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rte.cli.sheet import contact_sheet, write_png
 from rte.client import EngineClient, connect
 from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.names import DaemonNames
 
-SHEET_COLUMNS = 8
 CONNECT_TIMEOUT_S = 60.0
+DEFAULT_MODEL = "world"
+PROMPTS = (
+    "a forest",
+    "a desert at night",
+    "snow",
+    "ocean islands",
+    "lava volcano",
+    "misty meadow",
+    "woods at night",
+    "foggy sand dunes",
+)
+WALKS = (((0, 1), "right"), ((1, 0), "down"), ((0, -1), "left"), ((-1, 0), "up"))
+SHEET_EVERY = 4  # the sheet shows every 4th chunk: the walk moves 4 px a frame
 
 
 def add_parser(sub: Any) -> None:
@@ -39,7 +52,9 @@ def add_parser(sub: Any) -> None:
         description="Launch a daemon, stream sessions from a client process, show rates.",
     )
     p.add_argument("--name", help="attach to this running daemon instead of launching one")
-    p.add_argument("--model", default="reference", help="short name or module:factory")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"short name or module:factory ({DEFAULT_MODEL})"
+    )
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument("--sessions", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
@@ -120,8 +135,11 @@ def _stream(
     """Stream ``n`` sessions for ``seconds``; the contact sheet (if wanted) and whether
     Ctrl-C cut it short."""
     sessions = [f"session-{i}" for i in range(n)]
+    labels = []
     for i, session in enumerate(sessions):
-        client.attach(session, {"prompt": f"world {i}", "move": (0, 0)})
+        prompt, (move, way) = PROMPTS[i % len(PROMPTS)], WALKS[i % len(WALKS)]
+        client.attach(session, {"prompt": prompt, "move": move})
+        labels.append(f"{session}: {prompt}, walking {way}")
     manifest = client.manifest
     print(
         f"rte demo: daemon {client.name!r}, model {manifest.model}, {n} sessions, chunk "
@@ -146,7 +164,7 @@ def _stream(
         print(f"{session:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>16.3f}{p99:>9.3f}")
     if not want_frames:
         return None, interrupted
-    return contact_sheet([frames[s] for s in sessions]), interrupted
+    return contact_sheet([frames[s] for s in sessions], labels), interrupted
 
 
 def _steer_and_take(
@@ -165,53 +183,19 @@ def _steer_and_take(
         for chunk in client.results(timeout=0.05):
             with chunk:
                 latency[chunk.session].append(time.monotonic_ns() - chunk.timing.generated_ns)
-                if want_frames and chunk.chunk % 16 == 0 and len(frames[chunk.session]) < 64:
-                    frames[chunk.session].append(chunk.latent.copy())
+                taken = frames[chunk.session]
+                if want_frames and chunk.chunk % SHEET_EVERY == 0 and len(taken) < 8:
+                    taken.append(chunk.latent.copy())  # the walk's first steps
             if time.monotonic() >= next_report:
                 break
         if now >= next_report:
             steer += 1
-            for i, session in enumerate(sessions):
-                client.act(session, {"move": ((steer + i) % 3 - 1, (steer // 2 + i) % 3 - 1)})
+            for i, session in enumerate(sessions):  # a turn every half second
+                client.act(session, {"move": WALKS[(i + steer) % len(WALKS)][0]})
             if steer == 3:
-                client.act(sessions[0], {"prompt": "a new world"})  # a heavy change: ENCODE
+                client.act(sessions[0], {"prompt": "lava at night"})  # a heavy change: ENCODE
             total = sum(len(v) for v in latency.values())
             print(
                 f"  {now - start:4.1f}s  {total / (now - start):9.1f} chunks/s in all", flush=True
             )
             next_report += 0.5
-
-
-def contact_sheet(rows: list[list[np.ndarray[Any, Any]]]) -> np.ndarray[Any, Any] | None:
-    """One row per session, up to 8 frames spread over its stream, 2 px gutters."""
-    picked = []
-    for frames in rows:
-        if frames:
-            idx = np.linspace(0, len(frames) - 1, min(SHEET_COLUMNS, len(frames))).astype(int)
-            picked.append([frames[i] for i in idx])
-    if not picked:
-        return None
-    h, w, c = picked[0][0].shape
-    sheet = np.zeros((len(picked) * (h + 2), SHEET_COLUMNS * (w + 2), c), np.uint8)
-    for r, frames in enumerate(picked):
-        for k, frame in enumerate(frames):
-            sheet[r * (h + 2) : r * (h + 2) + h, k * (w + 2) : k * (w + 2) + w] = frame
-    return sheet
-
-
-def write_png(path: Path, image: np.ndarray[Any, Any]) -> None:
-    """An 8-bit RGB PNG, written with zlib alone."""
-    height, width, _ = image.shape
-    raw = b"".join(b"\x00" + image[y].tobytes() for y in range(height))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        body = tag + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(raw, 6))
-        + chunk(b"IEND", b"")
-    )

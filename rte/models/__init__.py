@@ -18,6 +18,7 @@ SHORT_NAMES: dict[str, str] = {
     "reference": "rte.models.reference:ReferenceModel",
     "null": "rte.models.null:NullModel",
     "torch": "rte.models.world:TorchWorldModel",  # needs the torch extra
+    "world": "rte.models.learned:LearnedWorldModel",  # trained weights, NumPy
 }
 
 

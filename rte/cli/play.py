@@ -1,0 +1,87 @@
+"""``rte play``: play a model in a browser, one session per tab.
+
+Launches a daemon in a child process (or attaches to ``--name``), serves a page
+on 127.0.0.1 and streams each tab's frames to a canvas over a WebSocket;
+arrow keys or WASD move, a text box changes the prompt, a button resets. The
+server is :mod:`rte.play` on aiohttp, an optional extra (``pip install
+'rte[play]'``), imported only when this command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rte.errors import ConfigurationError
+
+DEFAULT_MODEL = "world"  # the model a launched daemon serves: the trained world
+DEFAULT_PROMPT = "a forest"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "play",
+        help="play a model in a browser: a page on 127.0.0.1, one session per tab",
+        description="Serve a page on 127.0.0.1 where each browser tab is a session of a "
+        "daemon (launched here, or --name): frames on a canvas, arrow keys or WASD "
+        "move, a text box sets the prompt, a button resets. Needs rte[play] (aiohttp).",
+    )
+    p.add_argument("--name", help="attach to this running daemon instead of launching one")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a launched daemon's model (default {DEFAULT_MODEL})",
+    )
+    p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the page's port on 127.0.0.1 (0: a free one; default 8000)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=8,
+        help="a launched daemon's rows: tabs at once (default 8)",
+    )
+    p.add_argument(
+        "--pace-hz", type=float, default=30.0, help="a launched daemon's steps/s (default 30)"
+    )
+    p.add_argument(
+        "--max-fps", type=float, default=60.0, help="frames/s sent to a tab at most (default 60)"
+    )
+    p.add_argument(
+        "--prompt",
+        default=DEFAULT_PROMPT,
+        help=f"a new tab's first prompt (default {DEFAULT_PROMPT!r})",
+    )
+    p.set_defaults(func=play)
+
+
+def play(args: argparse.Namespace) -> int:
+    try:
+        from rte.play.server import PlaySettings, run  # noqa: PLC0415 (aiohttp: only here)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "aiohttp":
+            raise
+        raise ConfigurationError("rte play needs aiohttp: pip install 'rte[play]'") from None
+    if args.max_fps <= 0:
+        raise ConfigurationError(f"--max-fps {args.max_fps}: must be above 0")
+    if args.max_sessions < 1:
+        raise ConfigurationError(f"--max-sessions {args.max_sessions}: at least 1")
+    if args.pace_hz < 0:
+        raise ConfigurationError(f"--pace-hz {args.pace_hz}: 0 (flat out) or more")
+
+    return run(
+        PlaySettings(
+            name=args.name,
+            model=args.model,
+            port=args.port,
+            max_sessions=args.max_sessions,
+            pace_hz=args.pace_hz,
+            max_fps=args.max_fps,
+            prompt=args.prompt,
+            device=args.device,
+        )
+    )
