@@ -19,6 +19,7 @@ from typing import Any
 from rte.errors import ConfigurationError
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
+from rte.ipc.supervisor import Child, supervise
 from rte.serve import DEFAULT_CREDITS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -82,6 +83,19 @@ OPTIONS = (
         "client; 0: none)",
     ),
     Option("input-slot-kib", int, 1024, "the largest input one input slot carries"),
+    Option(
+        "replicas",
+        int,
+        None,
+        "run this many daemons, NAME-0 ... NAME-(N-1), supervised (restarted when "
+        "they die); clients connect to NAME as one pool",
+    ),
+    Option(
+        "devices",
+        str,
+        None,
+        "one daemon per GPU: NAME-i on cuda:Di for --devices D0,D1,... (supervised)",
+    ),
     Option("log-level", str, "info", "what the log says (with timestamps)", LOG_LEVELS),
 )
 
@@ -156,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         values = settings_from(args, dict(os.environ))
         level = values.pop("log_level")
+        replicas, devices = values.pop("replicas"), values.pop("devices")
         settings = Settings(**values)
+        children = _children(values, replicas, devices, level)
     except ConfigurationError as exc:
         print(f"rte serve: {exc}", file=sys.stderr)
         return 2
@@ -165,4 +181,37 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s rte serve %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if children:
+        return supervise(children, lambda line: print(f"rte serve: {line}", file=sys.stderr))
     return run_from_command_line(settings)
+
+
+def _children(
+    values: dict[str, Any], replicas: int | None, devices: str | None, level: str
+) -> list[Child]:
+    """The supervised daemons ``--replicas`` or ``--devices`` ask for (none: serve alone)."""
+    if replicas is None and devices is None:
+        return []
+    if replicas is not None and devices is not None:
+        raise ConfigurationError("--replicas and --devices: give one (--devices sets the count)")
+    if devices is not None:
+        try:
+            ids = [int(d) for d in devices.split(",")]
+        except ValueError:
+            raise ConfigurationError(f"--devices {devices!r}: GPU indices, e.g. 0,1,2,3") from None
+        places = [f"cuda:{d}" for d in ids]
+    else:
+        assert replicas is not None
+        if replicas < 1:
+            raise ConfigurationError(f"--replicas {replicas}: at least 1")
+        places = [values["device"]] * replicas
+    name = values["name"]
+    children = []
+    for i, place in enumerate(places):
+        argv = [sys.executable, "-m", "rte", "serve", "--log-level", level]
+        for option in OPTIONS:
+            value = {"name": f"{name}-{i}", "device": place}.get(option.key, values.get(option.key))
+            if value is not None and option.key in values:
+                argv += [f"--{option.name}", str(value)]
+        children.append(Child(f"{name}-{i}", argv))
+    return children

@@ -14,10 +14,13 @@ interface for asyncio code (``await client.attach(...)``, ``async for``).
 
 from __future__ import annotations
 
+import re
+
 from rte.client.aio import AsyncClient, Connecting
 from rte.client.base import Chunk, EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.inprocess import InProcessClient
+from rte.client.pool import PoolClient
 from rte.client.shm import ShmClient
 from rte.composed import ComposedEngine
 from rte.contract import Notice, NoticeKind
@@ -28,6 +31,7 @@ from rte.errors import (
     RequestError,
     RequestTimeout,
 )
+from rte.ipc.names import DaemonNames
 from rte.models import load_model
 
 
@@ -55,7 +59,27 @@ def connect(
     if name is None:
         engine = ComposedEngine(load_model(model, max_sessions=max_sessions))
         return InProcessClient(engine)
+    replicas = replicas_of(name)
+    if replicas:
+        return PoolClient(replicas, timeout=timeout)
     return ShmClient(name, timeout=timeout, policy=policy, spin_us=spin_us)
+
+
+def replicas_of(name: str) -> list[str]:
+    """``NAME-0``, ``NAME-1``... when there is no daemon ``NAME`` but those exist
+    (``rte serve --name NAME --replicas N`` runs them)."""
+    present = {n.daemon for n in DaemonNames.present()}
+    if name in present:
+        return []
+    found = [d for d in present if re.fullmatch(re.escape(name) + r"-\d+", d)]
+    return sorted(found, key=lambda d: int(d.rpartition("-")[2]))
+
+
+def connect_pool(names: list[str], timeout: float = 5.0, *, reattach: bool = False) -> PoolClient:
+    """One client over the daemons ``names`` (see :class:`PoolClient`): sessions go
+    to the one with most free rows and stay there; a dead daemon loses only its
+    own sessions (``reattach=True``: attached again elsewhere)."""
+    return PoolClient(names, timeout=timeout, reattach=reattach)
 
 
 def connect_async(
@@ -91,9 +115,11 @@ __all__ = [
     "InProcessClient",
     "Notice",
     "NoticeKind",
+    "PoolClient",
     "RequestError",
     "RequestTimeout",
     "ShmClient",
     "connect",
     "connect_async",
+    "connect_pool",
 ]

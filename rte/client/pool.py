@@ -1,0 +1,264 @@
+"""PoolClient: one client interface over several daemons (one per GPU, say).
+
+    from rte.client import connect_pool
+
+    with connect_pool(["gpu-0", "gpu-1"]) as client:   # or connect("gpu"): finds gpu-*
+        client.attach("alice", {"prompt": "a forest"})  # to the daemon with most room
+        for chunk in client.results(timeout=1.0): ...
+
+Sessions are sticky: a session lives on the daemon it was admitted to, and
+every request about it goes there. Admission goes to the daemon with the most
+free rows (then the fewest of this pool's sessions); a daemon that refuses
+(full meanwhile) passes the attach to the next; a pool with no room raises
+AdmissionError.
+
+Each member is a :class:`~rte.client.shm.ShmClient` woken through its FIFO
+(``wake="fd"``), so one wait covers every daemon: the pool announces a sleep
+on each member's ring and polls all their descriptors at once. When a daemon
+dies, only its sessions are lost: each gets an ERROR notice that says
+``EngineGone`` and which daemon, calls naming them raise
+:class:`~rte.errors.EngineGone`, and the other daemons' sessions go on without
+a gap. With ``reattach=True`` the pool attaches them again elsewhere with
+their last conditioning (their stream restarts at chunk 0; an ATTACHED notice
+says where), as far as there is room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch
+from rte.client.shm import ShmClient
+from rte.contract import Notice, NoticeKind
+from rte.errors import AdmissionError, EngineGone, RteError
+from rte.ipc.claims import ClientState
+from rte.ipc.inputs import conditioning_of
+from rte.serve import Act, Attach, Request, Reset
+
+CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
+
+
+class PoolClient(EngineClient):
+    """Clients of the daemons ``names``, as one; build it with
+    :func:`rte.client.connect_pool` (or ``connect("NAME")`` for ``NAME-*``)."""
+
+    def __init__(self, names: list[str], *, timeout: float = 5.0, reattach: bool = False) -> None:
+        if not names:
+            raise ValueError("a pool needs at least one daemon")
+        self._pending: list[ChunkBatch | Notice] = []  # notices of lost sessions, to hand out
+        self.members: dict[str, ShmClient] = {}
+        try:
+            for name in names:
+                self.members[name] = ShmClient(name, timeout=timeout, wake="fd")
+        except BaseException:
+            for member in self.members.values():
+                member.close()
+            raise
+        manifest = self.members[names[0]].manifest
+        for name, member in self.members.items():
+            m = member.manifest
+            if (m.latent_shape, m.latent_dtype) != (manifest.latent_shape, manifest.latent_dtype):
+                self._close_members()
+                raise RteError(
+                    f"daemon {name!r} makes {m.latent_dtype}{m.latent_shape} chunks, "
+                    f"{names[0]!r} {manifest.latent_dtype}{manifest.latent_shape}: not one pool"
+                )
+        super().__init__("+".join(names), manifest)
+        self.reattach = reattach
+        self.home: dict[str, str] = {}  # session -> the daemon it lives on
+        self._lost: dict[str, str] = {}  # session -> why (its daemon died)
+        self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
+        self._choice: str | None = None  # the daemon an attach in flight goes to
+
+    # -- admission ------------------------------------------------------------
+
+    def live(self) -> list[str]:
+        return [n for n, m in self.members.items() if not m.closed]
+
+    def free_rows(self, name: str) -> int:
+        """Rows of daemon ``name`` no client's session holds (its table says)."""
+        member = self.members[name]
+        held = sum(e.sessions for e in member._table.entries() if e.state is ClientState.ACTIVE)
+        return member.manifest.max_sessions - held
+
+    def attach(
+        self,
+        session: str,
+        conditioning: Mapping[str, Any] | None = None,
+        *,
+        credits: int = 0,
+        timeout: float = 5.0,
+    ) -> None:
+        """As :meth:`EngineClient.attach`, on the daemon with the most free rows."""
+        self._check_open()
+        mine = {n: 0 for n in self.members}
+        for name in self.home.values():
+            mine[name] += 1
+        order = sorted(self.live(), key=lambda n: (-self.free_rows(n), mine[n]))
+        if session in self.home:  # attached already: the daemon says so
+            order = [self.home[session]]
+        refused = []
+        for name in order:
+            self._choice = name
+            try:
+                super().attach(session, conditioning, credits=credits, timeout=timeout)
+            except AdmissionError as exc:
+                refused.append(f"{name}: {exc}")
+                continue
+            except EngineGone:
+                self._lose(name)
+                continue
+            finally:
+                self._choice = None
+            self.home[session] = name
+            self._lost.pop(session, None)
+            self._last[session] = dict(conditioning or {})
+            return
+        raise AdmissionError(
+            "every daemon of the pool is full" + (f" ({'; '.join(refused)})" if refused else "")
+        )
+
+    # -- transport ------------------------------------------------------------
+
+    def _send(self, request: Request, timeout: float) -> None:
+        session = request.session
+        if session in self._lost:
+            raise EngineGone(self._lost[session])
+        name = self._choice if isinstance(request, Attach) else self.home.get(session)
+        if name is None:  # not ours: any daemon answers that it is not attached
+            name = (self.live() or [""])[0]
+            if not name:
+                raise EngineGone(f"every daemon of pool {self.name!r} is gone")
+        try:
+            self.members[name]._send(request, timeout)
+        except EngineGone:
+            self._lose(name)
+            raise
+        if isinstance(request, Act | Reset) and session in self._last:
+            self._last[session].update(conditioning_of(request) or {})
+
+    def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
+        out = self._collect()
+        if out or timeout <= 0:
+            return out
+        deadline = time.monotonic() + timeout
+        while not out:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.live():
+                break
+            self._sleep(min(left, CHECK_EVERY_S))
+            out = self._collect()
+        return out
+
+    def _sleep(self, budget: float) -> None:
+        """Announce a sleep on every member, then wait on all their descriptors."""
+        armed = []
+        try:
+            for name in self.live():
+                if self.members[name]._arm():
+                    return  # something came meanwhile
+                armed.append(name)
+            poller = select.poll()
+            for name in armed:
+                poller.register(self.members[name]._wake_fd(), select.POLLIN)
+            poller.poll(budget * 1000)
+        finally:
+            for name in armed:
+                member = self.members[name]
+                alive = member._disarm()
+                try:
+                    member._check_live(alive)
+                except EngineGone:
+                    self._lose(name)
+
+    def _collect(self) -> list[ChunkBatch | Notice]:
+        out: list[ChunkBatch | Notice] = []
+        for name in self.live():
+            member = self.members[name]
+            try:
+                items = member._receive(0.0)
+            except EngineGone:
+                self._lose(name)
+                continue
+            for item in items:
+                if isinstance(item, ChunkBatch):
+                    item.lease = (member, item.lease)
+                    item._release = self._release_rows
+                elif item.kind is NoticeKind.ATTACHED:
+                    self.home[item.session] = name
+                elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
+                    del self.home[item.session]  # (a reset's ATTACHED, next, puts it back)
+                out.append(item)
+        out += self._pending
+        self._pending = []
+        return out
+
+    def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        member, lease = batch.lease
+        if not member.closed:
+            member._give_back(types.SimpleNamespace(lease=lease), rows)  # (it reads .lease)
+
+    def _shutdown(self) -> None:
+        self._close_members()
+
+    def _close_members(self) -> None:
+        for member in self.members.values():
+            with contextlib.suppress(Exception):
+                member.close()
+
+    # -- a daemon died ----------------------------------------------------------
+
+    def _lose(self, name: str) -> None:
+        """Daemon ``name`` is gone: its sessions are lost (or attached elsewhere)."""
+        member = self.members[name]
+        if member.closed:
+            return
+        with contextlib.suppress(Exception):
+            member.close()
+        why = f"EngineGone: daemon {name!r} of the pool died; its sessions are lost"
+        lost = [s for s, home in self.home.items() if home == name]
+        pending: list[ChunkBatch | Notice] = []
+        for session in lost:
+            del self.home[session]
+            self.sessions.discard(session)
+            self._lost[session] = why
+            pending.append(Notice(session, NoticeKind.ERROR, why))
+        self._pending += pending
+        if self.reattach:
+            for session in lost:
+                self._reattach(session)
+
+    def _reattach(self, session: str) -> None:
+        conditioning = self._last.get(session, {})
+        for name in sorted(self.live(), key=lambda n: -self.free_rows(n)):
+            if self.free_rows(name) <= 0:
+                continue
+            request = Attach(session, dict(conditioning), self._next_seq())
+            try:
+                self.members[name]._send(request, 1.0)
+            except RteError:
+                continue
+            self.home[session] = name  # its ATTACHED (a notice) adds it to sessions
+            self._lost.pop(session, None)
+            return
+
+    def _wake_fd(self) -> int:
+        raise RteError("a pool waits on several descriptors: use it from a thread, not asyncio")
+
+    def _arm(self) -> bool:
+        return False
+
+    def _disarm(self) -> bool:
+        return True
+
+    def _check_live(self, alive: bool = True) -> None:
+        if not self.live():
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")

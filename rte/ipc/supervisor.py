@@ -1,0 +1,152 @@
+"""One daemon per device, supervised: ``rte serve --name NAME --replicas N`` (or
+``--devices 0,1,2,3``) runs ``NAME-0`` ... ``NAME-(N-1)``, each an ordinary
+``rte serve`` child process (with ``--devices``, child i pinned to ``cuda:Di``).
+
+Clients reach them one by one by name, or as one pool: ``connect("NAME")``
+finds ``NAME-*`` (:class:`rte.client.PoolClient`). The supervisor forwards each
+child's log lines, prefixed with its name; says ``ready`` once every child is;
+restarts a child that dies after it was ready, with backoff (1 s, doubling to
+30 s; back to 1 s once a child has lived a minute) and says so; gives up at
+once, stopping the others, on a child that exits before it was ready (its
+settings cannot hold: retrying would not help), with that child's exit code
+and last words. SIGTERM or SIGINT stop every child (each finalizes its
+sessions and unlinks its shared memory) and then the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from rte.ipc.names import DaemonNames
+
+log = logging.getLogger("rte.supervisor")
+BACKOFF_S = (1.0, 30.0)  # first delay, most delay
+STEADY_S = 60.0  # a child that lived this long restarts after the first delay again
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    process: subprocess.Popen[str] | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    last_words: str = ""
+    started: float = 0.0
+    delay: float = BACKOFF_S[0]
+    restart_at: float | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.ready.clear()
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        threading.Thread(target=self._forward, name=f"log-{self.name}", daemon=True).start()
+
+    def _forward(self) -> None:
+        """Each line the child says, prefixed; its ready line sets :attr:`ready`."""
+        assert self.process is not None and self.process.stderr is not None
+        for line in self.process.stderr:
+            text = line.rstrip("\n")
+            if text:
+                self.last_words = text
+                print(f"[{self.name}] {text}", file=sys.stderr, flush=True)
+            if text.startswith("rte serve: ready "):
+                self.ready.set()
+
+
+def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
+    """Run ``children`` until SIGTERM/SIGINT; the exit code."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for child in children:
+            child.start()
+        code = _until_ready(children, stopping)
+        if code is None:
+            pids = ",".join(str(c.process.pid) for c in children if c.process)
+            ready(f"ready children={','.join(c.name for c in children)} pids={pids}")
+            _watch(children, stopping)
+            code = 0
+        return code
+    finally:
+        _stop_all(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _until_ready(children: list[Child], stopping: threading.Event) -> int | None:
+    """None once every child is ready; else the code to exit with (a child that
+    could not start, or a stop meanwhile)."""
+    while not all(c.ready.is_set() for c in children):
+        if stopping.is_set():
+            return 0
+        for child in children:
+            assert child.process is not None
+            code = child.process.poll()
+            if code is not None and not child.ready.is_set():
+                time.sleep(0.1)  # its last words are still on their way
+                print(
+                    f"rte serve: {child.name} did not start (exit {code}): {child.last_words}",
+                    file=sys.stderr,
+                )
+                return code or 1
+        stopping.wait(0.05)
+    return None
+
+
+def _watch(children: list[Child], stopping: threading.Event) -> None:
+    """Restart children that die, with backoff, until a stop."""
+    while not stopping.wait(0.2):
+        now = time.monotonic()
+        for child in children:
+            assert child.process is not None
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.restart_at = None
+                    child.restarts += 1
+                    child.start()
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            if now - child.started >= STEADY_S:
+                child.delay = BACKOFF_S[0]
+            log.warning(
+                "%s (pid %d) exited with %s; restarting in %gs",
+                child.name,
+                child.process.pid,
+                code,
+                child.delay,
+            )
+            child.restart_at = now + child.delay
+            child.delay = min(2 * child.delay, BACKOFF_S[1])
+
+
+def _stop_all(children: list[Child]) -> None:
+    running = [c for c in children if c.process and c.process.poll() is None]
+    for child in running:
+        assert child.process is not None
+        child.process.send_signal(signal.SIGTERM)
+    for child in running:
+        assert child.process is not None
+        try:
+            child.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait(10)
+            DaemonNames(child.name).remove_leftovers()

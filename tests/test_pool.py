@@ -1,0 +1,121 @@
+"""A pool of daemons as one client: admission by free rows, sticky sessions, and a
+daemon's death lost by its own sessions alone (real processes, real kills)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from daemon_harness import DaemonProcess, Deadline
+
+from rte.client import AdmissionError, EngineGone, PoolClient, connect, connect_pool
+from rte.contract import NoticeKind
+from rte.ipc.names import DaemonNames
+from rte.models.null import tag_of
+
+ROWS = 2
+
+
+@pytest.fixture
+def daemons(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
+    started = [
+        DaemonProcess(f"{shm_prefix}p-{i}", "--model", "null", "--max-sessions", str(ROWS))
+        for i in range(2)
+    ]
+    yield started
+    for d in started:
+        if d.process.poll() is None:
+            assert d.stop() == 0, d.stderr
+        DaemonNames(d.name).remove_leftovers()
+
+
+def stream(client: PoolClient, want: dict[str, int], seconds: float = 20) -> dict[str, list]:
+    """Chunks (index, tag) per session until each in ``want`` has that many."""
+    got: dict[str, list] = {s: [] for s in want}
+    limit = Deadline(seconds, what=f"chunks of {sorted(want)}")
+    while any(len(got[s]) < n for s, n in want.items()):
+        limit.check({s: len(v) for s, v in got.items()})
+        batch = client.poll_batch(timeout=1.0)
+        if batch is None:
+            continue
+        with batch:
+            for i, session in enumerate(batch.sessions):
+                got.setdefault(session, []).append((int(batch.chunks[i]), tag_of(batch.latents[i])))
+    return got
+
+
+def test_sessions_spread_by_free_rows_stay_home_and_a_full_pool_refuses(
+    daemons: list[DaemonProcess], shm_prefix: str
+) -> None:
+    for d in daemons:
+        d.client().close()  # both up
+    with connect(f"{shm_prefix}p", timeout=30) as found:  # NAME-* found as a pool
+        assert isinstance(found, PoolClient)
+        assert sorted(found.members) == [d.name for d in daemons]
+    with connect_pool([d.name for d in daemons], timeout=30) as client:
+        for i in range(2 * ROWS):
+            client.attach(f"s{i}")
+        homes = [client.home[f"s{i}"] for i in range(2 * ROWS)]
+        assert sorted(homes) == sorted([d.name for d in daemons] * ROWS)  # spread evenly
+        assert homes[0] != homes[1]  # each to the one with more room
+        with pytest.raises(AdmissionError, match="every daemon of the pool is full"):
+            client.attach("one-too-many")
+        for i in range(2 * ROWS):
+            client.act(f"s{i}", {"tag": 10 + i})
+        got = stream(client, {f"s{i}": 12 for i in range(2 * ROWS)})
+        for i in range(2 * ROWS):  # every action reached its session's daemon
+            chunks = got[f"s{i}"]
+            assert chunks[-1][1] == 10 + i
+            assert [c for c, _ in chunks] == list(range(chunks[0][0], chunks[0][0] + len(chunks)))
+        client.detach("s0")
+        client.attach("again")  # the row s0 left is the only one: it goes there
+        assert client.home["again"] == homes[0]
+
+
+def test_a_killed_daemon_loses_its_own_sessions_only(daemons: list[DaemonProcess]) -> None:
+    with connect_pool([d.name for d in daemons], timeout=30) as client:
+        for name in ("a", "b"):
+            client.attach(name)
+        doomed = next(d for d in daemons if d.name == client.home["b"])
+        survivor = "a"
+        before = stream(client, {survivor: 4, "b": 4})
+        doomed.kill()
+        lost: list[str] = []
+        limit = Deadline(what="the lost session's notice")
+        while not lost:
+            limit.check()
+            batch = client.poll_batch(timeout=0.5)
+            if batch is not None:
+                with batch:  # the survivor streams on meanwhile: keep its chunks
+                    rows = zip(batch.chunks, batch.sessions, strict=True)
+                    before[survivor] += [(int(c), 0) for c, s in rows if s == survivor]
+            lost += [n.message for n in client.notices() if n.kind is NoticeKind.ERROR]
+        assert "EngineGone" in lost[0] and doomed.name in lost[0]
+        assert client.sessions == {survivor}
+        with pytest.raises(EngineGone, match=doomed.name):
+            client.act("b", {"tag": 1})
+        after = stream(client, {survivor: 20})[survivor]
+        seen = [c for c, _ in before[survivor]] + [c for c, _ in after]
+        assert seen == list(range(seen[0], seen[0] + len(seen)))  # no gap on the survivor
+
+
+def test_reattach_moves_a_dead_daemons_sessions_with_their_conditioning(
+    daemons: list[DaemonProcess],
+) -> None:
+    with connect_pool([d.name for d in daemons], timeout=30, reattach=True) as client:
+        client.attach("a")
+        client.attach("b")
+        client.act("b", {"tag": 42})
+        stream(client, {"a": 3, "b": 3})
+        doomed = next(d for d in daemons if d.name == client.home["b"])
+        doomed.kill()
+        limit = Deadline(what="b attached again elsewhere")
+        while client.home.get("b") in (None, doomed.name) or "b" not in client.sessions:
+            limit.check(client.home)
+            batch = client.poll_batch(timeout=0.5)
+            if batch is not None:
+                batch.release()
+        notices = client.notices()
+        assert any(n.kind is NoticeKind.ERROR and n.session == "b" for n in notices)
+        again = stream(client, {"b": 3})["b"]
+        assert again[0][0] == 0 and again[-1][1] == 42  # from chunk 0, as it was steered

@@ -1,0 +1,79 @@
+"""``rte serve --replicas N``: N supervised daemons, found as one pool, a crashed one
+restarted (and said so), all stopped by one SIGTERM (real processes, real kills)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from daemon_harness import DaemonProcess, Deadline
+
+from rte.client import PoolClient, connect
+from rte.ipc.names import DaemonNames
+from shm import Segment
+from shm.names import objects, shm_name
+
+
+def pid_of(name: str) -> int | None:
+    """The pid of the live daemon ``name`` (None while there is none)."""
+    try:
+        segment = Segment.open(DaemonNames(name).control, readonly=True)
+    except Exception:
+        return None
+    try:
+        return segment.creator_pid if segment.creator_alive() else None
+    finally:
+        segment.close()
+
+
+def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -> None:
+    name = f"{shm_prefix}r"
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null", "--max-sessions", "2")
+    try:
+        limit = Deadline(what="both replicas ready")
+        while "rte serve: ready children=" not in supervisor.said():
+            limit.check(supervisor.said())
+            assert supervisor.process.poll() is None, supervisor.said()
+        with connect(name, timeout=30) as pool:
+            assert isinstance(pool, PoolClient)
+            assert sorted(pool.members) == [f"{name}-0", f"{name}-1"]
+            pool.attach("a")
+            pool.attach("b")
+            assert set(pool.home.values()) == {f"{name}-0", f"{name}-1"}
+        first = pid_of(f"{name}-1")
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        limit = Deadline(what="the killed replica restarted")
+        while (again := pid_of(f"{name}-1")) in (None, first):
+            limit.check(supervisor.said())
+        assert again != first
+        assert f"{name}-1 (pid {first}) exited with -9; restarting in 1s" in supervisor.said()
+        with connect(f"{name}-1", timeout=30) as client:  # it serves again
+            client.attach("c")
+    finally:
+        code = supervisor.stop()
+    assert code == 0, supervisor.stderr
+    assert pid_of(f"{name}-0") is None and pid_of(f"{name}-1") is None
+    assert objects(shm_name(name)) == []  # every child unlinked its shared memory
+
+
+def test_a_replica_that_cannot_start_stops_the_supervisor_with_its_words(
+    shm_prefix: str,
+) -> None:
+    supervisor = DaemonProcess(f"{shm_prefix}x", "--replicas", "2", "--model", "bogus")
+    assert supervisor.process.wait(60) == 2
+    said = supervisor.said()
+    assert "did not start (exit 2)" in said and "bogus" in said
+    supervisor.stop()
+
+
+def test_replicas_and_devices_are_checked(shm_prefix: str) -> None:
+    for args, words in (
+        (("--replicas", "0"), "--replicas 0: at least 1"),
+        (("--devices", "a,b"), "GPU indices"),
+        (("--replicas", "2", "--devices", "0"), "give one"),
+    ):
+        d = DaemonProcess(f"{shm_prefix}c", *args)
+        assert d.process.wait(60) == 2
+        assert words in d.said()
+        d.stop()
