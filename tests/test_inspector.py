@@ -194,6 +194,8 @@ def test_prometheus_exposition_parses_and_counts_what_the_daemon_did(shm_prefix:
                 chunk = client.poll(timeout=10)
                 assert chunk is not None
                 chunk.release()
+            # the counters are written every millisecond: wait out that lag
+            wait_for(lambda: json.loads(run(shm_prefix, "--json"))["counters"]["chunks"] >= 20)
             text = run(shm_prefix, "--prometheus")
             index = client.index
     finally:
@@ -236,3 +238,26 @@ def test_serve_metrics_port_serves_the_same_on_loopback(shm_prefix: str) -> None
     assert families["rte_sessions"].samples[0].value == 1
     with pytest.raises(urllib.error.URLError):  # gone with the daemon
         urllib.request.urlopen(url, timeout=10)
+
+
+def test_an_idle_daemons_counters_count_every_step_it_made(shm_prefix: str) -> None:
+    """The counters are written every millisecond while the daemon works, and
+    once more before it sleeps: the steps just before a sleep are not missing."""
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        with d.client() as client:
+            client.attach("a", credits=1)
+            received = 0
+            for _ in range(30):  # steps a client round trip apart: many per millisecond
+                chunk = client.poll(timeout=10)
+                assert chunk is not None
+                chunk.release()
+                received += 1
+            held = client.poll(timeout=10)  # held: the daemon can step no more, and sleeps
+            assert held is not None
+            time.sleep(0.3)
+            counters = json.loads(run(shm_prefix, "--json"))["counters"]
+            assert counters["chunks"] >= received + 1 and counters["steps"] >= received + 1
+            held.release()
+    finally:
+        assert d.stop() == 0

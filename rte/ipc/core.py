@@ -357,7 +357,10 @@ class DaemonCore:
 
     def _idle_wait(self) -> None:
         """Nothing to step: wait for a request by the wait policy (bounded: the
-        loop must come round to beat, scan clients and notice a stop)."""
+        loop must come round to beat, scan clients and notice a stop). The
+        counters are written first: an inspector must not see steps missing for
+        as long as the daemon sleeps."""
+        self._count_steps()
         inboxes = [c.inbox for c in self.table.connections.values()]
         wait_any(
             inboxes,
