@@ -5,6 +5,11 @@ session is routed to a child with room (a child already serving sessions first,
 then an idle pooled child, then a new one from the factory, up to
 ``max_children``). A child left without sessions returns to the pool for reuse.
 
+:meth:`ReplicaEngine.of_model` makes the children ComposedEngines of a
+StageModel factory, all writing through one output allocator: that is how a
+daemon serves several engines (``rte serve --engines N``), its chunks going
+into its slab whichever child made them.
+
 Failure isolation: a child's ``step``/``finalize`` failure is caught and turned
 into ERROR results for that child's sessions only, so one bad session cannot
 starve the others. A child whose ``detach`` failed keeps ownership of the
@@ -18,8 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rte.composed import ComposedEngine
 from rte.contract import Action, Engine, Manifest, ResultKind, StepResult, Timing
 from rte.errors import AdmissionError, UnknownSessionError
+from rte.stages import OutputAllocator, StageModel
 
 
 @dataclass(eq=False)
@@ -52,8 +59,37 @@ class ReplicaEngine:
             model=child.model,
         )
 
+    @classmethod
+    def of_model(
+        cls,
+        make_model: Callable[[], StageModel],
+        max_children: int,
+        *,
+        allocator: OutputAllocator | None = None,
+        lanes: str = "auto",
+    ) -> ReplicaEngine:
+        """Children ``ComposedEngine(make_model(), allocator=allocator)``: each a
+        cohort of its own, every chunk written where ``allocator`` says."""
+
+        def child() -> Engine:
+            return ComposedEngine(make_model(), allocator=allocator, lanes=lanes)
+
+        return cls(child, max_children)
+
     def manifest(self) -> Manifest:
         return self._manifest
+
+    @property
+    def lanes(self) -> Any:
+        """The first child's lanes (where they compute: every child alike)."""
+        return getattr(self._children[0].engine, "lanes", None)
+
+    def close(self) -> None:
+        """Close every child that can be."""
+        for child in self._children:
+            close = getattr(child.engine, "close", None)
+            if close is not None:
+                close()
 
     def attach(self, session: str, conditioning: Mapping[str, Any] | None = None) -> None:
         if session in self._route:

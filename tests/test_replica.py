@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from daemon_harness import DaemonProcess, Deadline
 
 from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
 from rte import AdmissionError, ComposedEngine, ReplicaEngine, ResultKind
+from rte.models.null import tag_of
 
 
 def _replica(max_children: int, rows: int = 1) -> tuple[ReplicaEngine, list[ProbeModel]]:
@@ -102,3 +104,29 @@ def test_a_child_whose_detach_failed_keeps_its_session_and_is_never_pooled() -> 
     assert bad not in engine.pooled()
     engine.detach("b")
     assert engine.pooled() == [engine.children()[1]]
+
+
+def test_a_daemon_serves_several_engines_through_one_slab(shm_prefix: str) -> None:
+    """``rte serve --engines 2``: a ReplicaEngine of two ComposedEngines, both
+    writing into the daemon's slab (its allocator passed on to each child)."""
+    d = DaemonProcess(f"{shm_prefix}e", "--model", "null", "--engines", "2", "--max-sessions", "1")
+    try:
+        with d.client() as client:
+            assert client.manifest.max_sessions == 2  # one row in each engine
+            client.attach("a")
+            client.attach("b")
+            with pytest.raises(AdmissionError, match="child engines are full"):
+                client.attach("c")
+            client.act("a", {"tag": 1})
+            client.act("b", {"tag": 2})
+            tags: dict[str, int] = {}
+            limit = Deadline(what="both engines' chunks, steered")
+            while tags != {"a": 1, "b": 2}:
+                limit.check(tags)
+                chunk = client.poll(timeout=1.0)
+                if chunk is not None:
+                    with chunk:  # in place, in the daemon's slab
+                        assert not chunk.latent.flags.writeable
+                        tags[chunk.session] = tag_of(chunk.latent)
+    finally:
+        assert d.stop() == 0, d.stderr

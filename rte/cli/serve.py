@@ -49,6 +49,13 @@ OPTIONS = (
         "default: the model's own choice)",
     ),
     Option("max-sessions", int, 8, "rows of the engine's arena"),
+    Option(
+        "engines",
+        int,
+        1,
+        "engines of the model in this daemon, each of --max-sessions rows, sessions "
+        "routed over them (for models that cannot batch)",
+    ),
     Option("max-clients", int, 8, "client processes at once"),
     Option("ring-kib", int, 256, "each client ring's size"),
     Option("slab-slots", int, 64, "chunks in flight in all"),

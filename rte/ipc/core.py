@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from rte.composed import ComposedEngine
 from rte.contract import Notice, NoticeKind
@@ -41,6 +42,7 @@ from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
 from rte.ipc.wire import Bye, decode_request, request_seq
+from rte.replica import ReplicaEngine
 from rte.serve import Attach, Detach, OutboxItem, Request, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
@@ -74,7 +76,15 @@ class Shared:
 class DaemonCore:
     """The serve loop of a daemon: build it, then :meth:`run` on the worker thread."""
 
-    def __init__(self, settings: Settings, shared: Shared, model: StageModel) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        shared: Shared,
+        model: StageModel,
+        load: Callable[[], StageModel] | None = None,
+    ) -> None:
+        """``model`` is the engine's (the first engine's, with ``--engines N``: the
+        others' models come from ``load``)."""
         self.settings = settings
         self.control = shared.control
         self.bell = shared.bell
@@ -90,7 +100,15 @@ class DaemonCore:
         self.inputs = Inputs(shared.inputs)
         manifest = model.manifest()
         self.allocator = SlabAllocator(shared.slab, manifest, self.router.owners.__getitem__)
-        self.engine = ComposedEngine(model, allocator=self.allocator)
+        self.engine: ComposedEngine | ReplicaEngine
+        if settings.engines > 1:  # several engines, one slab: every child writes into it
+            first: list[StageModel] = [model]
+            more = load or (lambda: model)
+            self.engine = ReplicaEngine.of_model(
+                lambda: first.pop() if first else more(), settings.engines, allocator=self.allocator
+            )
+        else:
+            self.engine = ComposedEngine(model, allocator=self.allocator)
         self.loop = ServeLoop(self.engine)
         self.out = Outbound(shared.control, shared.slab, self.table, self.router, self.allocator)
         self.policy = WaitPolicy(settings.wait_policy)

@@ -18,6 +18,7 @@ This module owns the process's life, nothing else:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -72,10 +73,15 @@ def serve(
         model = _load(settings)
         if stopping.is_set():
             return
-        shared = _create(stack, settings, model.manifest())
+        manifest = model.manifest()  # (times --engines: each engine has its rows)
+        shared = _create(
+            stack,
+            settings,
+            dataclasses.replace(manifest, max_sessions=manifest.max_sessions * settings.engines),
+        )
         bells.append(shared.bell)
         stack.callback(bells.clear)  # before the bell is closed: a late signal rings nothing
-        core = DaemonCore(settings, shared, model)
+        core = DaemonCore(settings, shared, model, load=lambda: _load(settings))
         # page-locked for the GPU's copies when the model computes on one
         device = core.engine.lanes.device
         pinned = device.startswith("cuda:") and shared.slab.pin(int(device.partition(":")[2]))

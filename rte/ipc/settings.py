@@ -54,6 +54,8 @@ class Settings:
             inputs (frames, images) by reference; None: 4 per client; 0: none.
             Each client may hold an even share.
         input_slot_kib: each input slot's size (the largest input one carries).
+        engines: engines this daemon serves, each of ``max_sessions`` rows, sessions
+            routed over them (a ReplicaEngine): for models that cannot batch.
     """
 
     name: str
@@ -72,6 +74,7 @@ class Settings:
     metrics_port: int | None = None
     input_slots: int | None = None
     input_slot_kib: int = 1024
+    engines: int = 1
 
     def __post_init__(self) -> None:
         try:
@@ -108,6 +111,7 @@ class Settings:
             _at_least("input-slots", self.input_slots, self.max_clients, "one per client, or 0")
         _at_least("input-slots", self.input_slots or 0, 0)
         _at_least("input-slot-kib", self.input_slot_kib, 1)
+        _at_least("engines", self.engines, 1)
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"--metrics-port {self.metrics_port}: 0 to 65535")
         try:
