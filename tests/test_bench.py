@@ -27,6 +27,7 @@ from tools import (
     bench_e2e,
     bench_engine,
     bench_inputs,
+    bench_scale,
     bench_transport,
     readme_tables,
     report,
@@ -204,3 +205,18 @@ def test_the_large_input_benchmark_reports_both_ways() -> None:
     for row in result["rows"]:
         _finite(row, ["inproc_p50_us", "daemon_p50_us", "added_p50_us", "fps_ratio"])
         assert row["inproc_fps"] > 0 and row["daemon_fps"] > 0
+
+
+def test_the_scale_benchmark_reports_ratios_to_one_daemon() -> None:
+    prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
+    try:
+        result = bench_scale.run(
+            [1, 2], sessions=2, n_windows=1, rounds=4, seconds=0.1, prefix=prefix
+        )
+    finally:
+        left = unlink_objects(shm_name(prefix))
+    assert not left, f"the scale benchmark left shared memory behind: {left}"
+    rows = {(r["model"], r["daemons"]): r for r in result["rows"]}
+    assert set(rows) == {(m, n) for m in ("null", "reference") for n in (1, 2)}
+    assert rows["null", 1]["chunks_x_one"] == 1.0 and rows["null", 2]["sessions"] == 4
+    _finite(rows["null", 2], ["chunks_per_s", "chunks_x_one", "p50_us", "p50_x_one", "p99_x_one"])

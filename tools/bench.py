@@ -1,11 +1,11 @@
 """Run the benchmark suites and print their tables (or one JSON object): ``rte bench``.
 
-    python -m tools.bench [--suite engine|e2e|transport|all] [--windows 5] [--json]
+    python -m tools.bench [--suite engine|e2e|transport|scale|all] [--windows 5] [--json]
                           [--quick] [--plot FILE.png]
 
 Each suite prints a line to stderr per size or peer as it goes; at the end
 come the tables, or with ``--json`` one object holding every suite that ran
-(under ``engine``, ``e2e``, ``inputs``, ``transport``; ``inputs`` runs
+(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``; ``inputs`` runs
 with the e2e suite: a large frame in per step), which ``python -m
 tools.readme_tables`` turns into the README's tables. ``--quick`` is a smoke
 run (2 windows, few rounds; under a minute). Run from a checkout
@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from tools import bench_e2e, bench_engine, bench_inputs, bench_transport
+from tools import bench_e2e, bench_engine, bench_inputs, bench_scale, bench_transport
 from tools.report import DEFAULT_WINDOWS, machine, plot_latency, print_json, print_tables
 
 SIZES = [1, 8, 64]
@@ -51,12 +51,15 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
         results["inputs"] = bench_inputs.run(20 if quick else 100, n_windows)
     if suite in ("transport", "all"):
         results["transport"] = bench_transport.run(quick, n_windows)
+    if suite in ("scale", "all"):
+        results["scale"] = bench_scale.run([1, 2], n_windows=n_windows, rounds=10 if quick else 50)
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=["engine", "e2e", "transport", "all"], default="all")
+    suites = ["engine", "e2e", "transport", "scale", "all"]
+    parser.add_argument("--suite", choices=suites, default="all")
     parser.add_argument(
         "--windows",
         type=_windows,
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     tables = {"engine": bench_engine.TABLES, "e2e": bench_e2e.TABLES, "inputs": bench_inputs.TABLES}
     tables["transport"] = bench_transport.TABLES
+    tables["scale"] = bench_scale.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])
 
