@@ -1,0 +1,170 @@
+"""The actors: one :class:`DaemonHost` per GPU (per node here) owning an ``rte serve``
+daemon on its node, and the :class:`Router` that maps sessions to them.
+
+A DaemonHost starts its daemon as a child process, in a session of its own,
+that dies with it: the kernel sends it SIGTERM when the actor's process ends,
+even by SIGKILL (a node's processes killed at once), and it then finalizes its
+sessions and unlinks its shared memory. (Ray would SIGKILL a worker's children
+with it: :func:`rte.ray.cluster.loopback_environment` turns that off, as
+``RAY_kill_child_processes_on_worker_exit=0`` does for a cluster started by
+hand.) Callers on the same node attach to that daemon through shared memory,
+by its name, exactly as any local client; for callers elsewhere the host is
+their client of it: it attaches, acts, and hands out chunks copied into Ray's
+object store.
+
+The Router admits a session to the live host with the most free rows and keeps
+it there (sticky); a thread of it asks every host for its health each
+:data:`HEALTH_EVERY_S`, and a host that does not answer (its node is gone)
+has its sessions reported lost to their owners (:meth:`Router.lost`), who may
+attach them again: the router then admits them elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from rte.client import ShmClient, connect
+from rte.errors import AdmissionError
+from rte.ipc.claims import ClientState
+
+HEALTH_EVERY_S = 0.5
+HEALTH_TIMEOUT_S = 2.0
+
+
+def _die_with_parent() -> None:  # in the child, before exec
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class DaemonHost:
+    """``rte serve --name NAME ARGS`` on this actor's node, and a client of it."""
+
+    def __init__(self, name: str, args: list[str]) -> None:
+        import ray  # noqa: PLC0415 (an actor: Ray is there)
+
+        self.name = name
+        self.node = ray.get_runtime_context().get_node_id()
+        command = [sys.executable, "-m", "rte", "serve", "--name", name, *args]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 (prctl only: no lock taken)
+            start_new_session=True,  # a kill of the actor's process group spares it: it cleans up
+        )
+        client = connect(name, timeout=60)
+        assert isinstance(client, ShmClient)
+        self.client = client  # for callers on other nodes
+
+    def where(self) -> tuple[str, str]:
+        """(daemon name, node id): the health check, too."""
+        return self.name, self.node
+
+    def free_rows(self) -> int:
+        table = self.client._table
+        held = sum(e.sessions for e in table.entries() if e.state is ClientState.ACTIVE)
+        return self.client.manifest.max_sessions - held
+
+    def attach(self, session: str, conditioning: dict[str, Any], credits: int = 0) -> None:
+        self.client.attach(session, conditioning, credits=credits)
+
+    def act(self, session: str, conditioning: dict[str, Any]) -> None:
+        self.client.act(session, conditioning)
+
+    def detach(self, session: str) -> None:
+        self.client.detach(session)
+
+    def take(self, wait: float = 0.05) -> list[tuple[str, int, np.ndarray[Any, Any]]]:
+        """The chunks that came for remote callers (waiting up to ``wait`` s for the
+        first), copied out: they travel through the object store."""
+        out = []
+        batch = self.client.poll_batch(timeout=wait)
+        while batch is not None:
+            with batch:
+                for i, session in enumerate(batch.sessions):
+                    out.append((session, int(batch.chunks[i]), np.array(batch.latents[i])))
+            batch = self.client.poll_batch(timeout=0)
+        return out
+
+    def notices(self) -> list[tuple[str, str, str]]:
+        return [(n.session, n.kind.name, n.message) for n in self.client.notices()]
+
+    def stop(self) -> int:
+        """Leave and stop the daemon (it finalizes and unlinks); its exit code."""
+        self.client.close()
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(30)
+
+
+class Router:
+    """Sessions to hosts: admission by free rows, sticky, losses reported."""
+
+    def __init__(self, hosts: list[Any]) -> None:
+        self.hosts = hosts
+        self.live = set(range(len(hosts)))
+        self.home: dict[str, tuple[int, str]] = {}  # session -> (host, owner)
+        self.lost_by: dict[str, list[str]] = {}  # owner -> sessions lost
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def admit(self, session: str, owner: str) -> int:
+        """The host ``session`` lives on (chosen now: the live one with most free rows)."""
+        import ray  # noqa: PLC0415
+
+        with self.lock:
+            if session in self.home:
+                return self.home[session][0]
+            live = sorted(self.live)
+        rows = {}
+        for index in live:
+            try:
+                rows[index] = ray.get(
+                    self.hosts[index].free_rows.remote(), timeout=HEALTH_TIMEOUT_S
+                )
+            except Exception:  # a host that cannot say is not a place for a session
+                continue
+        for index in sorted(rows, key=lambda i: -rows[i]):
+            if rows[index] > 0:
+                with self.lock:
+                    self.home[session] = (index, owner)
+                return index
+        raise AdmissionError(f"session {session!r}: every daemon of the cluster is full")
+
+    def release(self, session: str) -> None:
+        with self.lock:
+            self.home.pop(session, None)
+
+    def lost(self, owner: str) -> list[str]:
+        """The sessions of ``owner`` whose host died since it last asked."""
+        with self.lock:
+            return self.lost_by.pop(owner, [])
+
+    def hosts_alive(self) -> list[int]:
+        with self.lock:
+            return sorted(self.live)
+
+    def _watch(self) -> None:
+        import ray  # noqa: PLC0415
+
+        while True:
+            time.sleep(HEALTH_EVERY_S)
+            for index in sorted(self.live):
+                try:
+                    ray.get(self.hosts[index].where.remote(), timeout=HEALTH_TIMEOUT_S)
+                except Exception:  # RayActorError, GetTimeoutError: the node is gone
+                    self._lose(index)
+
+    def _lose(self, index: int) -> None:
+        with self.lock:
+            self.live.discard(index)
+            for session, (host, owner) in list(self.home.items()):
+                if host == index:
+                    del self.home[session]
+                    self.lost_by.setdefault(owner, []).append(session)
