@@ -27,7 +27,7 @@ import numpy as np
 from rte.client import ShmClient
 from rte.errors import EngineGone, RequestError
 
-REMOTE_WAIT_S = 0.05  # how long a host's take waits for a first chunk
+REMOTE_WAIT_S = 0.005  # how long a host's take waits for a first chunk
 
 
 @dataclass(frozen=True)
