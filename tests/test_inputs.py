@@ -92,7 +92,7 @@ def test_loans_are_bounded_by_the_quota_and_come_back_unsent(
         snap = snapshot(daemon.name)  # rte inspect shows who holds input slots
         assert snap["inputs"]["held_by_client"] == {str(client.index): inputs.quota}
         assert f"inputs  {inputs.slots} slots of 1,048,576 B" in render(snap)
-        with pytest.raises(RequestTimeout, match="holds its quota of 4"):
+        with pytest.raises(RequestTimeout, match=f"holds its quota of {inputs.quota}"):
             client.loan(FRAME, "uint8", timeout=0.2)
         with pytest.raises(RequestTimeout, match="no input slot"):  # by value, the same rule
             client.attach("a", {"frame": np.zeros(FRAME, np.uint8)}, timeout=0.2)
@@ -187,3 +187,61 @@ def test_a_daemon_without_inputs_or_with_small_slots_says_how_to_start_it(
                 assert take(client, "a", 1)
         finally:
             assert d.stop() == 0, d.stderr
+
+
+def test_a_replaced_frame_stays_held_until_its_own_session_steps(shm_prefix: str) -> None:
+    """Session "a" holds its chunk (credit 1: not due) while "b" steps on. "a"'s
+    next chunk was made with its old frame and decodes from it when "a" is due
+    again: the old frame's slot must not go back while "b" steps (it did: a loan
+    got it and scribbled on "a"'s next chunk)."""
+    d = DaemonProcess(
+        f"{shm_prefix}r", *("--max-sessions", "2", "--max-clients", "1", "--input-slots", "2")
+    )
+    try:
+        with d.client() as client:
+            client.attach("a", credits=1)
+            client.attach("b", credits=1)
+            with client.loan(FRAME, "uint8") as first:
+                first[...] = 10
+                client.act("a", {"frame": first})
+            held = None
+            limit = Deadline(what="a chunk of a with its frame, held")
+            while held is None:
+                limit.check()
+                chunk = client.poll(timeout=1.0)
+                if chunk is None:
+                    continue
+                if chunk.session == "a" and chunk.latent.mean() < 100:
+                    held = chunk  # not released: "a" is not due from now on
+                else:
+                    chunk.release()
+            with client.loan(FRAME, "uint8") as second:
+                second[...] = 10
+                client.act("a", {"frame": second})  # the first frame retires
+            take(client, "b", 5)  # "b" steps on: five steps without "a"
+            with pytest.raises(RequestTimeout):  # the first frame's slot is still "a"'s
+                client.loan(FRAME, "uint8", timeout=0.3)
+            held.release()
+            after = take(client, "a", 2)  # "a" steps: its old batch decoded, the slot freed
+            assert all(c.latent.mean() < 100 for c in after)
+            with client.loan(FRAME, "uint8", timeout=5):
+                pass
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+def test_refused_and_ignored_requests_give_their_slots_back(
+    daemon: DaemonProcess, inputs: Slab
+) -> None:
+    owner, other = daemon.client(), daemon.client()
+    try:
+        owner.attach("mine")
+        other.act("mine", {"frame": np.zeros(FRAME, np.uint8)})  # refused: not its session
+        held_until(inputs, other.index, 0)
+        owner.attach("a", {"frame": np.full(FRAME, 10, np.uint8)})
+        owner.attach("a", {"frame": np.full(FRAME, 250, np.uint8)})  # attached already
+        held_until(inputs, owner.index, 1)  # the first frame, still read; the second back
+        assert all(c.latent.mean() < 100 for c in take(owner, "a", 3))
+    finally:
+        other.close()
+        owner.close()

@@ -86,8 +86,8 @@ OPTIONS = (
         "input-slots",
         int,
         None,
-        "slots through which clients lend large inputs by reference (default 4 per "
-        "client; 0: none)",
+        "slots through which clients lend large inputs by reference (default "
+        "max-sessions + 2 per client, at least 4; 0: none)",
     ),
     Option("input-slot-kib", int, 1024, "the largest input one input slot carries"),
     Option(

@@ -200,7 +200,8 @@ class AsyncClient:
         try:
             await self._retry(lambda: client._send(request, 0.0), deadline - time.monotonic())
         except BaseException:
-            client._unlend(request)
+            if not client.closed:  # (closed: its slab is unmapped, the daemon reclaims)
+                client._unlend(request)
             raise
 
     async def _retry(self, attempt: Callable[[], T], timeout: float) -> T:

@@ -109,7 +109,8 @@ class Lender:
         self._open[address] = loan
 
         def abort() -> None:
-            if self._open.pop(address, None) is loan:
+            if self._open.get(address) is loan:  # (not a later loan of the same slot)
+                del self._open[address]
                 loan.abort()
 
         return InputLoan(loan.array, abort)

@@ -187,7 +187,7 @@ class DaemonCore:
         due = self.table.due()  # 3.
         if due:
             started = time.monotonic_ns()
-            self.inputs.step_begins()
+            self.inputs.step_begins(due)
             outcome = self.loop.step(due)
             self.inputs.step_ended()
             self.step_times.add(time.monotonic_ns() - started)
@@ -273,6 +273,7 @@ class DaemonCore:
             refusal = Notice(message.session, NoticeKind.ERROR, refusal_text, message.seq)
             self.out.send(connection, refusal)
             self.control.count(Counter.ERRORS)
+            self.inputs.unused(connection.index, conditioning_of(message))
             return
         if isinstance(message, Detach | Reset) and not self._room_to_finalize(message.session):
             message = dataclasses.replace(message, finalize=False)
@@ -286,6 +287,8 @@ class DaemonCore:
             return
         if samples:
             message = with_conditioning(message, resolved or {})
+        # an attach of a session this client has already: the engine keeps what it had
+        again = isinstance(message, Attach) and message.session in connection.sessions
         credits = 0  # what an ATTACHED binds the session with (0: the default)
         if isinstance(message, Attach):
             credits = message.credits
@@ -299,15 +302,18 @@ class DaemonCore:
                 what = f"{answer.kind.name.lower()} {answer.session!r}{text}"
                 log.log(level, "client %d: %s", connection.index, what)
         if self.inputs.slab is not None:
-            self._track_inputs(message, answers, samples)
+            self._track_inputs(message, answers, samples, again)
         self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
 
     def _track_inputs(
-        self, message: Request, answers: list[OutboxItem], samples: dict[str, Sample]
+        self, message: Request, answers: list[OutboxItem], samples: dict[str, Sample], again: bool
     ) -> None:
         """Which input slots the session's conditioning now holds, after the loop
-        took (or refused) ``message``."""
+        took (or refused, or, ``again``, ignored) ``message``."""
+        if again:
+            self.inputs.refused(samples)
+            return
         for answer in answers:
             if (
                 isinstance(answer, Notice)
@@ -362,9 +368,9 @@ class DaemonCore:
             if not self._detach(session, reason=reason, finalize=False):
                 self.router.release(session)
                 self._orphans.add(session)
+        if self.inputs.slab is not None:  # what it loaned and never sent, before its
+            self.inputs.slab.reclaim(connection.index)  # slot is free for a new client
         self.table.remove(connection, revoked=revoked)
-        if self.inputs.slab is not None:
-            self.inputs.slab.reclaim(connection.index)  # what it loaned and never sent
 
     def _retry_orphans(self, now: float) -> None:
         if self._orphans and now >= self._next_orphan_retry:

@@ -9,10 +9,12 @@ stale or another client's reference is that request's error, and nothing is
 held). The view is what the engine gets: no copy.
 
 A slot is held for as long as a session's conditioning refers to it. When a
-later request replaces its key (or the session leaves), it retires, and goes
-back to the client's quota once the next step has ended: the batch of the step
-before may still decode from it (DEFERRED runs a step behind HOT). A refused
-request's slots go back at once; a dead client's are reclaimed with the rest
+later request replaces its key, it retires, and goes back to the client's
+quota once a step *of that session* has ended: its last batch may still decode
+from it (DEFERRED runs a step behind HOT, and a session that is not due keeps
+its batch until it is). When the session leaves, its slots go back after the
+next step of anyone. A refused request's slots go back at once (also those it
+named but that were never read); a dead client's are reclaimed with the rest
 of what it held.
 """
 
@@ -61,8 +63,9 @@ class Inputs:
     def __init__(self, slab: Slab | None) -> None:
         self.slab = slab
         self._held: dict[str, dict[str, Sample]] = {}  # session -> key -> its slot
-        self._retired: list[Sample] = []  # replaced since the current step began
-        self._releasing: list[Sample] = []  # replaced before it: free once it ends
+        # replaced, with the session whose batch may still read it (None: it left)
+        self._retired: list[tuple[str | None, Sample]] = []
+        self._releasing: list[Sample] = []  # free once the current step ends
 
     def resolve(
         self, owner: int, conditioning: Mapping[str, Any] | None
@@ -79,6 +82,7 @@ class Inputs:
                     samples[key] = self._receive(owner, key, value)
         except BaseException:
             self.refused(samples)
+            self.unused(owner, {k: v for k, v in conditioning.items() if k not in samples})
             raise
         resolved = dict(conditioning)
         resolved.update({key: sample.array for key, sample in samples.items()})
@@ -108,7 +112,7 @@ class Inputs:
         for key in keys:
             old = held.pop(key, None)
             if old is not None:
-                self._retired.append(old)
+                self._retired.append((session, old))
         held.update(samples)
         if not held:
             del self._held[session]
@@ -117,14 +121,34 @@ class Inputs:
         """The request was refused: its slots go back now (the engine never saw them)."""
         _release(samples.values())
 
-    def drop(self, session: str) -> None:
-        """The session left, or its conditioning was replaced whole: its slots retire."""
-        self._retired += self._held.pop(session, {}).values()
+    def unused(self, owner: int, conditioning: Mapping[str, Any] | None) -> None:
+        """A request refused before its references were read: the slots they name,
+        if ``owner``'s, go back (the client sent them; nobody else will free them)."""
+        if self.slab is None or not conditioning:
+            return
+        for value in conditioning.values():
+            if type(value) is InputRef:
+                with contextlib.suppress(ShmError, ValueError):
+                    self.slab.release(SlotRef(value.slot, value.generation, owner))
 
-    def step_begins(self) -> None:
+    def drop(self, session: str) -> None:
+        """The session left, or its conditioning was replaced whole (a reset: its
+        batch went with it): its slots, and those retired from it, go back soon."""
+        self._retired = [(None if s == session else s, x) for s, x in self._retired]
+        self._retired += [(None, x) for x in self._held.pop(session, {}).values()]
+
+    def step_begins(self, due: list[str]) -> None:
+        """A step of ``due`` begins: slots retired from them (or from sessions that
+        left) go back when it ends; the others wait for their session's step."""
         if self._retired:
-            self._releasing += self._retired
-            self._retired = []
+            stepping = set(due)
+            keep: list[tuple[str | None, Sample]] = []
+            for session, sample in self._retired:
+                if session is None or session in stepping:
+                    self._releasing.append(sample)
+                else:
+                    keep.append((session, sample))
+            self._retired = keep
 
     def step_ended(self) -> None:
         """The step's DEFERRED read what it needed: slots retired before it go back."""
@@ -135,7 +159,7 @@ class Inputs:
     def settle(self) -> None:
         """No session left at all: nothing can read a retired slot; all go back."""
         if self._retired or self._releasing:
-            _release([*self._releasing, *self._retired])
+            _release([*self._releasing, *(sample for _, sample in self._retired)])
             self._retired, self._releasing = [], []
 
     def held(self) -> int:

@@ -51,8 +51,9 @@ class Settings:
         metrics_port: serve Prometheus metrics at http://127.0.0.1:PORT/metrics
             (0: any free port, said in the ready line); None: not served.
         input_slots: slots of the input slab, through which clients lend large
-            inputs (frames, images) by reference; None: 4 per client; 0: none.
-            Each client may hold an even share.
+            inputs (frames, images) by reference; None: ``max_sessions + 2``
+            (at least 4) per client, so that every session may hold a frame
+            and replace it; 0: none. Each client may hold an even share.
         input_slot_kib: each input slot's size (the largest input one carries).
         engines: engines this daemon serves, each of ``max_sessions`` rows, sessions
             routed over them (a ReplicaEngine): for models that cannot batch.
@@ -134,7 +135,9 @@ class Settings:
     @property
     def input_slab_slots(self) -> int:
         """Slots of the input slab (0: the daemon takes no inputs by slot)."""
-        return 4 * self.max_clients if self.input_slots is None else self.input_slots
+        if self.input_slots is None:
+            return max(4, self.max_sessions + 2) * self.max_clients
+        return self.input_slots
 
     @property
     def client_quota(self) -> int:
