@@ -8,6 +8,7 @@ import signal
 
 from daemon_harness import DaemonProcess, Deadline
 
+from rte.cli.serve import OPTIONS, _children
 from rte.client import PoolClient, connect
 from rte.ipc.names import DaemonNames
 from shm import Segment
@@ -28,7 +29,9 @@ def pid_of(name: str) -> int | None:
 
 def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -> None:
     name = f"{shm_prefix}r"
-    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null", "--max-sessions", "2")
+    # the count from the environment, as RTE_* settings may: the children serve alone
+    env = {"RTE_REPLICAS": "2"}
+    supervisor = DaemonProcess(name, "--model", "null", "--max-sessions", "2", env=env)
     try:
         limit = Deadline(what="both replicas ready")
         while "rte serve: ready children=" not in supervisor.said():
@@ -47,6 +50,7 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
         while (again := pid_of(f"{name}-1")) in (None, first):
             limit.check(supervisor.said())
         assert again != first
+        assert pid_of(f"{name}-0-0") is None  # no child became a supervisor itself
         assert f"{name}-1 (pid {first}) exited with -9; restarting in 1s" in supervisor.said()
         with connect(f"{name}-1", timeout=30) as client:  # it serves again
             client.attach("c")
@@ -77,3 +81,14 @@ def test_replicas_and_devices_are_checked(shm_prefix: str) -> None:
         assert d.process.wait(60) == 2
         assert words in d.said()
         d.stop()
+
+
+def test_each_replica_gets_its_own_metrics_port() -> None:
+    values = {option.key: option.default for option in OPTIONS}
+    values |= {"name": "m", "metrics_port": 9100}
+    for key in ("log_level", "replicas", "devices"):
+        values.pop(key)
+    children = _children(values, 3, None, "info")
+    ports = [c.command[c.command.index("--metrics-port") + 1] for c in children]
+    assert ports == ["9100", "9101", "9102"]
+    assert [c.name for c in children] == ["m-0", "m-1", "m-2"]

@@ -216,8 +216,12 @@ def _children(
     children = []
     for i, place in enumerate(places):
         argv = [sys.executable, "-m", "rte", "serve", "--log-level", level]
+        port = values.get("metrics_port")
+        own = {"name": f"{name}-{i}", "device": place}
+        if port:  # a port each: child i on PORT + i (0: each its own free one)
+            own["metrics_port"] = port + i
         for option in OPTIONS:
-            value = {"name": f"{name}-{i}", "device": place}.get(option.key, values.get(option.key))
+            value = own.get(option.key, values.get(option.key))
             if value is not None and option.key in values:
                 argv += [f"--{option.name}", str(value)]
         children.append(Child(f"{name}-{i}", argv))

@@ -16,6 +16,7 @@ sessions and unlinks its shared memory) and then the supervisor.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -48,8 +49,11 @@ class Child:
     def start(self) -> None:
         self.ready.clear()
         self.started = time.monotonic()
+        # a child serves alone: RTE_REPLICAS or RTE_DEVICES inherited would make
+        # every child a supervisor of its own, without end
+        env = {k: v for k, v in os.environ.items() if k not in ("RTE_REPLICAS", "RTE_DEVICES")}
         self.process = subprocess.Popen(
-            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
         threading.Thread(target=self._forward, name=f"log-{self.name}", daemon=True).start()
 
