@@ -10,11 +10,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, Deadline
 
 import rte.client.aio
-from rte.client import AsyncClient, ClientClosedError, EngineGone, connect_async
+from rte import ComposedEngine
+from rte.client import AsyncClient, ClientClosedError, EngineGone, InProcessClient, connect_async
 from rte.ipc.names import DaemonNames
+from rte.models import load_model
 from rte.models.null import tag_of
 from shm import SegmentExistsError
 from shm.fifo import FifoBell
@@ -215,3 +217,23 @@ def test_a_fifo_bell_rings_drains_and_reads_the_end_of_its_producer(shm_prefix: 
     assert not objects(name)
     assert not os.path.exists(f"/dev/shm/{name[1:]}")
     assert unlink_objects(name) == []
+
+
+def test_an_announced_sleep_before_the_descriptor_exists_never_ends_the_serve_thread() -> None:
+    """In process: a sleep announced before the eventfd was made, then a step put
+    out: the serve thread must not write to a descriptor that is not there."""
+    client = InProcessClient(ComposedEngine(load_model("null", max_sessions=1)))
+    try:
+        client.attach("a")
+        limit = Deadline(what="an empty outbox to announce a sleep on")
+        while client._arm():  # something came: take it, try again
+            limit.check()
+            client._disarm()
+            batch = client.poll_batch(timeout=0)
+            if batch is not None:
+                batch.release()
+        time.sleep(0.2)  # the serve thread steps and puts meanwhile
+        assert client._thread.is_alive(), client._failure
+        assert client.poll(timeout=5) is not None
+    finally:
+        client.close()

@@ -250,9 +250,9 @@ class AsyncClient:
         """Sleep on the client's descriptor (announced, so the engine rings it) for
         at most ``budget`` s; then check that the engine lives."""
         client = self._client
+        fd = client._wake_fd()  # first: the engine may ring as soon as the sleep is announced
         if client._arm():
             return
-        fd = client._wake_fd()
         wake = self._wake = loop.create_future()
         loop.add_reader(fd, _resolve, wake)
         timer = loop.call_later(budget, _resolve, wake)

@@ -217,8 +217,8 @@ class InProcessClient(EngineClient):
     def _rouse(self, *, force: bool = False) -> None:
         """On the loop thread, after a put: wake an event loop that sleeps on us."""
         with self._lock:
-            wake, self._sleeping = self._sleeping or (force and self._wakes >= 0), False
-            if wake:
+            wake, self._sleeping = self._sleeping or force, False
+            if wake and self._wakes >= 0:  # (none made yet: nobody to wake)
                 os.eventfd_write(self._wakes, 1)
 
     def _check_alive(self) -> None:
