@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from daemon_harness import DaemonProcess, Deadline
 
@@ -119,3 +120,34 @@ def test_reattach_moves_a_dead_daemons_sessions_with_their_conditioning(
         assert any(n.kind is NoticeKind.ERROR and n.session == "b" for n in notices)
         again = stream(client, {"b": 3})["b"]
         assert again[0][0] == 0 and again[-1][1] == 42  # from chunk 0, as it was steered
+
+
+def test_a_pool_with_a_daemon_down_serves_on_the_others_and_takes_it_back(
+    daemons: list[DaemonProcess], shm_prefix: str
+) -> None:
+    """A replica down (a supervisor restarting it) does not stop the pool being made;
+    it joins again at the next attach once it is up; a pool whose daemons are all
+    gone says so instead of spinning; a large frame goes by slot to its daemon."""
+    for d in daemons:
+        d.client().close()
+    daemons[1].kill()
+    DaemonNames(daemons[1].name).remove_leftovers()
+    with connect_pool([d.name for d in daemons], timeout=1) as client:
+        assert client.live() == [daemons[0].name] and client.missing == [daemons[1].name]
+        client.attach("a")
+        again = DaemonProcess(daemons[1].name, "--model", "null", "--max-sessions", str(ROWS))
+        daemons[1] = again
+        again.client().close()
+        client.attach("b")  # the returned daemon has the most free rows
+        assert client.home["b"] == again.name and client.missing == []
+        frame = {"frame": np.zeros((512, 512, 3), np.uint8)}  # too big for a record
+        client.act("b", frame)  # null takes any key: it travelled by slot
+        daemons[0].kill()
+        again.kill()
+        with pytest.raises(EngineGone, match="every daemon of pool"):
+            limit = Deadline(what="EngineGone from a pool with nobody left")
+            while True:
+                limit.check()
+                batch = client.poll_batch(timeout=0.5)
+                if batch is not None:
+                    batch.release()

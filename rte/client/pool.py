@@ -34,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from rte.client.base import EngineClient
+from rte.client.base import EngineClient, R
 from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmClient
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RteError
 from rte.ipc.claims import ClientState
 from rte.ipc.inputs import conditioning_of
+from rte.ipc.values import InputRef
 from rte.serve import Act, Attach, Request, Reset
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
@@ -55,21 +56,30 @@ class PoolClient(EngineClient):
             raise ValueError("a pool needs at least one daemon")
         self._pending: list[ChunkBatch | Notice] = []  # notices of lost sessions, to hand out
         self.members: dict[str, ShmClient] = {}
+        self.missing: list[str] = []  # daemons down when tried: tried again at each attach
+        gone: list[str] = []
         try:
             for name in names:
-                self.members[name] = ShmClient(name, timeout=timeout, wake="fd")
+                try:
+                    self.members[name] = ShmClient(name, timeout=timeout, wake="fd")
+                except EngineGone as exc:  # down (restarting, say): the pool goes on without
+                    self.missing.append(name)
+                    gone.append(str(exc))
         except BaseException:
             for member in self.members.values():
                 member.close()
             raise
-        manifest = self.members[names[0]].manifest
+        if not self.members:
+            raise EngineGone(f"no daemon of the pool is up: {'; '.join(gone)}")
+        first = next(iter(self.members))
+        manifest = self.members[first].manifest
         for name, member in self.members.items():
             m = member.manifest
             if (m.latent_shape, m.latent_dtype) != (manifest.latent_shape, manifest.latent_dtype):
                 self._close_members()
                 raise RteError(
                     f"daemon {name!r} makes {m.latent_dtype}{m.latent_shape} chunks, "
-                    f"{names[0]!r} {manifest.latent_dtype}{manifest.latent_shape}: not one pool"
+                    f"{first!r} {manifest.latent_dtype}{manifest.latent_shape}: not one pool"
                 )
         super().__init__("+".join(names), manifest)
         self.reattach = reattach
@@ -77,6 +87,7 @@ class PoolClient(EngineClient):
         self._lost: dict[str, str] = {}  # session -> why (its daemon died)
         self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
         self._choice: str | None = None  # the daemon an attach in flight goes to
+        self._reattaching: dict[int, str] = {}  # seq of a reattach -> its session
 
     # -- admission ------------------------------------------------------------
 
@@ -99,6 +110,9 @@ class PoolClient(EngineClient):
     ) -> None:
         """As :meth:`EngineClient.attach`, on the daemon with the most free rows."""
         self._check_open()
+        self._rejoin()
+        if not self.live():
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
         mine = {n: 0 for n in self.members}
         for name in self.home.values():
             mine[name] += 1
@@ -142,11 +156,19 @@ class PoolClient(EngineClient):
         except EngineGone:
             self._lose(name)
             raise
-        if isinstance(request, Act | Reset) and session in self._last:
-            self._last[session].update(conditioning_of(request) or {})
+        # what a reattach sends again (a frame lent by slot is the daemon's: not kept)
+        kept = {
+            k: v for k, v in (conditioning_of(request) or {}).items() if type(v) is not InputRef
+        }
+        if isinstance(request, Reset) and request.conditioning is not None:
+            self._last[session] = kept  # replaced whole
+        elif isinstance(request, Act) and session in self._last:
+            self._last[session].update(kept)
 
     def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
         out = self._collect()
+        if not out and not self.live():  # (what was pending is handed out first)
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
         if out or timeout <= 0:
             return out
         deadline = time.monotonic() + timeout
@@ -194,6 +216,10 @@ class PoolClient(EngineClient):
                     item._release = self._release_rows
                 elif item.kind is NoticeKind.ATTACHED:
                     self.home[item.session] = name
+                    self._lost.pop(item.session, None)
+                    self._reattaching.pop(item.seq, None)
+                elif self._reattaching.pop(item.seq, None) is not None:
+                    pass  # a reattach refused: the session stays lost
                 elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
                     del self.home[item.session]  # (a reset's ATTACHED, next, puts it back)
                 out.append(item)
@@ -243,12 +269,37 @@ class PoolClient(EngineClient):
                 continue
             request = Attach(session, dict(conditioning), self._next_seq())
             try:
-                self.members[name]._send(request, 1.0)
+                self.members[name]._send(self.members[name]._lend(request, 1.0), 1.0)
             except RteError:
                 continue
-            self.home[session] = name  # its ATTACHED (a notice) adds it to sessions
-            self._lost.pop(session, None)
+            self._reattaching[request.seq] = session  # its ATTACHED makes it home again
             return
+
+    def _rejoin(self) -> None:
+        """Try the daemons that were down again (at once: no waiting)."""
+        for name in list(self.missing):
+            try:
+                self.members[name] = ShmClient(name, timeout=0.0, wake="fd")
+            except RteError:
+                continue
+            self.missing.remove(name)
+
+    def detach(self, session: str, *, timeout: float = 5.0) -> None:
+        super().detach(session, timeout=timeout)
+        self._last.pop(session, None)
+
+    # -- inputs by slot: each through its session's daemon's input slab -----------
+
+    def _lend(self, request: R, timeout: float) -> R:
+        name = self._choice if isinstance(request, Attach) else self.home.get(request.session)
+        member = self.members.get(name or "")
+        return request if member is None or member.closed else member._lend(request, timeout)
+
+    def _unlend(self, request: Request) -> None:
+        name = self._choice if isinstance(request, Attach) else self.home.get(request.session)
+        member = self.members.get(name or "")
+        if member is not None and not member.closed:
+            member._unlend(request)
 
     def _wake_fd(self) -> int:
         raise RteError("a pool waits on several descriptors: use it from a thread, not asyncio")
