@@ -63,7 +63,8 @@ class RayClient:
             if self.places[index][1] == self.node:
                 self._shm(index).attach(session, conditioning or {})
             else:
-                self._call(index, self.hosts[index].attach.remote(session, conditioning or {}))
+                host = self.hosts[index]
+                self._call(index, host.attach.remote(session, conditioning or {}, self.owner))
         except BaseException:
             self.router.release.remote(session)
             raise
@@ -92,15 +93,21 @@ class RayClient:
         self._note_lost()
         frames: list[Frame] = []
         remote = {i for s, i in self.home.items() if self.places[i][1] != self.node}
-        pending = {i: self.hosts[i].take.remote(REMOTE_WAIT_S) for i in remote}
-        for client in self._local.values():
-            batch = client.poll_batch(timeout=timeout if not pending else REMOTE_WAIT_S)
-            while batch is not None:
-                with batch:
-                    for k, session in enumerate(batch.sessions):
-                        latent = np.array(batch.latents[k])
-                        frames.append(Frame(session, int(batch.chunks[k]), latent, "shm"))
-                batch = client.poll_batch(timeout=0)
+        pending = {i: self.hosts[i].take.remote(self.owner, REMOTE_WAIT_S) for i in remote}
+        for index, client in list(self._local.items()):
+            try:
+                batch = client.poll_batch(timeout=timeout if not pending else REMOTE_WAIT_S)
+                while batch is not None:
+                    with batch:
+                        for k, session in enumerate(batch.sessions):
+                            latent = np.array(batch.latents[k])
+                            frames.append(Frame(session, int(batch.chunks[k]), latent, "shm"))
+                    batch = client.poll_batch(timeout=0)
+            except EngineGone as exc:  # this node's daemon died: its sessions alone are lost
+                del self._local[index]
+                for session in [s for s, i in self.home.items() if i == index]:
+                    del self.home[session]
+                    self.lost[session] = f"EngineGone: {exc}"
         for ref in pending.values():
             try:
                 got = self._ray.get(ref, timeout=timeout + 5)

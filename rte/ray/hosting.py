@@ -37,6 +37,7 @@ from rte.ipc.claims import ClientState
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
+MISSES = 3  # checks a live actor may fail in a row (busy, or its daemon gone) before it is lost
 
 
 def _die_with_parent() -> None:  # in the child, before exec
@@ -62,9 +63,15 @@ class DaemonHost:
         client = connect(name, timeout=60)
         assert isinstance(client, ShmClient)
         self.client = client  # for callers on other nodes
+        self.owner: dict[str, str] = {}  # session -> the caller it streams to
+        self.waiting: dict[str, list[tuple[Any, int]]] = {}  # owner -> (batch, row) held
 
     def where(self) -> tuple[str, str]:
-        """(daemon name, node id): the health check, too."""
+        """(daemon name, node id): the health check, too (it fails when the daemon
+        has exited, not only when this actor is gone)."""
+        code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(f"daemon {self.name!r} exited with {code}")
         return self.name, self.node
 
     def free_rows(self) -> int:
@@ -72,26 +79,41 @@ class DaemonHost:
         held = sum(e.sessions for e in table.entries() if e.state is ClientState.ACTIVE)
         return self.client.manifest.max_sessions - held
 
-    def attach(self, session: str, conditioning: dict[str, Any], credits: int = 0) -> None:
+    def attach(
+        self, session: str, conditioning: dict[str, Any], owner: str = "", credits: int = 0
+    ) -> None:
         self.client.attach(session, conditioning, credits=credits)
+        self.owner[session] = owner
 
     def act(self, session: str, conditioning: dict[str, Any]) -> None:
         self.client.act(session, conditioning)
 
     def detach(self, session: str) -> None:
         self.client.detach(session)
+        self.owner.pop(session, None)
 
-    def take(self, wait: float = 0.05) -> list[tuple[str, int, np.ndarray[Any, Any]]]:
-        """The chunks that came for remote callers (waiting up to ``wait`` s for the
-        first), copied out: they travel through the object store."""
-        out = []
-        batch = self.client.poll_batch(timeout=wait)
+    def take(self, owner: str, wait: float = 0.05) -> list[tuple[str, int, np.ndarray[Any, Any]]]:
+        """The chunks that came for ``owner``'s sessions (waiting up to ``wait`` s for
+        the first), copied out: they travel through the object store. Other
+        callers' chunks stay held for them, in their slots: a caller that does not
+        take stalls its own sessions (credits), never grows this actor."""
+        out = [self._copy(batch, row) for batch, row in self.waiting.pop(owner, [])]
+        batch = self.client.poll_batch(timeout=0 if out else wait)
         while batch is not None:
-            with batch:
-                for i, session in enumerate(batch.sessions):
-                    out.append((session, int(batch.chunks[i]), np.array(batch.latents[i])))
+            for i, session in enumerate(batch.sessions):
+                whose = self.owner.get(session, "")
+                if whose == owner:
+                    out.append(self._copy(batch, i))
+                else:
+                    self.waiting.setdefault(whose, []).append((batch, i))
             batch = self.client.poll_batch(timeout=0)
         return out
+
+    @staticmethod
+    def _copy(batch: Any, row: int) -> tuple[str, int, np.ndarray[Any, Any]]:
+        chunk = (batch.sessions[row], int(batch.chunks[row]), np.array(batch.latents[row]))
+        batch.release_row(row)
+        return chunk
 
     def notices(self) -> list[tuple[str, str, str]]:
         return [(n.session, n.kind.name, n.message) for n in self.client.notices()]
@@ -111,6 +133,7 @@ class Router:
         self.live = set(range(len(hosts)))
         self.home: dict[str, tuple[int, str]] = {}  # session -> (host, owner)
         self.lost_by: dict[str, list[str]] = {}  # owner -> sessions lost
+        self.misses: dict[int, int] = {}  # host -> health checks failed in a row
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -131,10 +154,10 @@ class Router:
             except Exception:  # a host that cannot say is not a place for a session
                 continue
         for index in sorted(rows, key=lambda i: -rows[i]):
-            if rows[index] > 0:
-                with self.lock:
+            with self.lock:
+                if rows[index] > 0 and index in self.live:  # (lost meanwhile: not there)
                     self.home[session] = (index, owner)
-                return index
+                    return index
         raise AdmissionError(f"session {session!r}: every daemon of the cluster is full")
 
     def release(self, session: str) -> None:
@@ -158,8 +181,13 @@ class Router:
             for index in sorted(self.live):
                 try:
                     ray.get(self.hosts[index].where.remote(), timeout=HEALTH_TIMEOUT_S)
-                except Exception:  # RayActorError, GetTimeoutError: the node is gone
+                    self.misses[index] = 0
+                except ray.exceptions.RayActorError:  # the actor (its node) is gone
                     self._lose(index)
+                except Exception:  # slow (busy), or its daemon exited: three in a row
+                    self.misses[index] = self.misses.get(index, 0) + 1
+                    if self.misses[index] >= MISSES:
+                        self._lose(index)
 
     def _lose(self, index: int) -> None:
         with self.lock:
