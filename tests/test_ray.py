@@ -132,3 +132,30 @@ def test_the_scale_benchmark_measures_both_ray_paths(shm_prefix: str) -> None:
     while objects(shm_name(shm_prefix)):
         limit.check(objects(shm_name(shm_prefix)))
         time.sleep(0.1)
+
+
+def test_callers_sharing_a_daemon_each_get_all_their_own_chunks(
+    cluster: tuple[Any, list[Any], Any, float],
+) -> None:
+    """Two callers with a session on every daemon: a host keeps each caller's
+    chunks for that caller (in their slots) while the other takes its own; no
+    caller's stream has a gap (a host once handed them to whoever took first,
+    who dropped what was not theirs)."""
+    _, hosts, router, _ = cluster
+    first, second = RayClient(router, hosts), RayClient(router, hosts)
+    for i in range(3):
+        first.attach(f"x{i}")
+    for i in range(3):
+        second.attach(f"y{i}")  # the rows left: one per daemon again
+    assert sorted(first.home.values()) == sorted(second.home.values()) == [0, 1, 2]
+    seen: dict[str, list[int]] = {}
+    limit = Deadline(what="ten chunks of every session")
+    while len(seen) < 6 or min(map(len, seen.values())) < 10:
+        limit.check({s: len(v) for s, v in seen.items()})
+        for client in (first, first, second):  # the first takes twice as often
+            for frame in client.take(timeout=0.2):
+                seen.setdefault(frame.session, []).append(frame.chunk)
+    for session, chunks in seen.items():
+        assert chunks == list(range(chunks[0], chunks[0] + len(chunks))), session
+    first.close()
+    second.close()
