@@ -430,6 +430,14 @@ def test_frames_keys_prompt_and_refusals_in_the_page(
     in_browser(browser, body)
 
 
+async def sessions_become(name: str, n: int, seconds: float = 10) -> None:
+    """Until daemon ``name`` has ``n`` sessions (a closed tab detaches its own)."""
+    deadline = time.monotonic() + seconds
+    while summary(name)["sessions"] != n:
+        assert time.monotonic() < deadline, summary(name)
+        await asyncio.sleep(0.05)
+
+
 def test_tabs_are_sessions_and_a_closed_tab_detaches(
     browser: str, play: Play, daemon: DaemonProcess
 ) -> None:
@@ -449,17 +457,11 @@ def test_tabs_are_sessions_and_a_closed_tab_detaches(
         assert summary(daemon.name)["sessions"] == 2
 
         await second.close()
-        deadline = time.monotonic() + 10
-        while summary(daemon.name)["sessions"] != 1:
-            assert time.monotonic() < deadline, summary(daemon.name)
-            await asyncio.sleep(0.05)
+        await sessions_become(daemon.name, 1)
         count = await first.eval("rtePlay.frames")
         await first.until(f"rtePlay.frames > {count} + 5", "the other tab streams on")
         await first.close()
-        deadline = time.monotonic() + 10
-        while summary(daemon.name)["sessions"] != 0:
-            assert time.monotonic() < deadline, summary(daemon.name)
-            await asyncio.sleep(0.05)
+        await sessions_become(daemon.name, 0)
 
     in_browser(browser, body)
 
