@@ -184,6 +184,18 @@ def test_reset_restarts_identically_and_a_refused_one_changes_nothing(engine: En
     assert indices(take(client, "r", 2)) == [3, 4]  # it went on where it was
 
 
+def test_attaching_a_session_again_keeps_it_streaming(engine: Engines) -> None:
+    """An attach of a session the client has already changes nothing: its chunks
+    in flight (emitted before the second ATTACHED is read) still give their
+    credit back when released, so the stream never stalls."""
+    client = engine.client()
+    client.attach("a", {"prompt": "p"}, credits=2)
+    time.sleep(0.5)  # both credits spent: two chunks wait, unread, behind the answer
+    client.attach("a", {"prompt": "q"}, credits=1)
+    assert client.sessions == {"a"}
+    assert indices(take(client, "a", 6)) == [0, 1, 2, 3, 4, 5]
+
+
 def test_detach_ends_the_stream_after_its_in_flight_chunk(engine: Engines) -> None:
     client = engine.client()
     client.attach("a")

@@ -74,6 +74,7 @@ class InProcessClient(EngineClient):
         self._emitted: dict[str, int] = {}  # per session binding, since its ATTACHED
         self._consumed: dict[str, int] = {}
         self._epoch: dict[str, int] = {}  # bindings of each session id so far
+        self._bound: set[str] = set()  # ATTACHED and not DETACHED since
         self._starved = False  # the loop left a session out for want of credit
         self._sleeping = False  # an event loop waits on _wakes for the outbox
         self._wakes = -1  # an eventfd, made when an event loop first waits (rte.client.aio)
@@ -112,8 +113,9 @@ class InProcessClient(EngineClient):
         self._check_alive()
         encode_request(by_reference(request))  # the wire's limits hold here too, no copy
         if isinstance(request, Attach):
-            with self._lock:
-                self._credit[request.session] = request.credits or self.credits
+            with self._lock:  # attached already: the binding stays as it is
+                if request.session not in self._bound:
+                    self._credit[request.session] = request.credits or self.credits
         try:
             self._inbox.put(request, timeout=timeout)
         except queue.Full:
@@ -243,10 +245,13 @@ class InProcessClient(EngineClient):
                     emitted[item.session] = emitted.get(item.session, 0) + 1
                     self._unreleased += 1
                     continue
-                if item.kind is NoticeKind.ATTACHED:  # a new binding counts from zero
-                    s = item.session
+                s = item.session
+                if item.kind is NoticeKind.ATTACHED and s not in self._bound:
+                    self._bound.add(s)  # a new binding counts from zero
                     epoch[s] = epoch.get(s, 0) + 1
                     emitted[s] = self._consumed[s] = 0
+                elif item.kind is NoticeKind.DETACHED:
+                    self._bound.discard(s)
                 out.append(item)
         return out
 

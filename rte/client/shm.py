@@ -306,7 +306,9 @@ class ShmClient(EngineClient):
     def _bind(self, session: str, handle: int) -> None:
         if not 0 <= handle < len(self._names):
             raise WireError(f"ATTACHED {session!r} names handle {handle}, past this daemon's")
-        self._unbind(session)  # a reset: the old binding ends here
+        if self._handle_of.get(session) == handle and self._names[handle] == session:
+            return  # attached again, no DETACHED between: the daemon kept the binding
+        self._unbind(session)
         self._names[handle] = session
         self._handle_of[session] = handle
         self._tokens[handle] += 1
