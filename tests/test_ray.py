@@ -6,7 +6,6 @@ nothing left behind."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -51,18 +50,41 @@ def outside_addresses(processes: list[psutil.Process]) -> list[str]:
 @pytest.fixture
 def cluster(shm_prefix: str) -> Iterator[tuple[Any, list[Any], Any, float]]:
     began = time.time()
+    problems: list[str] = []
     with local_cluster([{"rte_gpu": 1}] * 3) as c:
         hosts, router = start_hosts(
             ["--model", "null", "--max-sessions", "2"], 3, name=f"{shm_prefix}h"
         )
         yield c, hosts, router, began
-        for host in hosts:
-            with contextlib.suppress(ray.exceptions.RayActorError):  # its node is gone
-                ray.get(host.stop.remote(), timeout=30)
+        stops = [host.stop.remote() for host in hosts]  # all at once: each may take a while
+        for i, stop in enumerate(stops):
+            try:
+                code = ray.get(stop, timeout=60)
+            except ray.exceptions.RayActorError:
+                continue  # its node is gone (and its daemon with it: checked below)
+            except Exception as exc:  # said below, with what is left
+                problems.append(f"host {i} stop: {type(exc).__name__}: {exc}")
+            else:
+                if code != 0:
+                    problems.append(f"host {i}: its daemon exited with {code}")
     limit = Deadline(what="every daemon gone from /dev/shm")
-    while objects(shm_name(shm_prefix)):
-        limit.check(objects(shm_name(shm_prefix)))
+    while objects(shm_name(shm_prefix)) and time.monotonic() < limit.end:
         time.sleep(0.1)
+    left = objects(shm_name(shm_prefix))
+    if left:
+        problems.append(f"left in /dev/shm 20 s after shutdown: {left}")
+        problems += [f"still running: {p}" for p in daemons_of(shm_prefix)]
+    assert not problems, problems
+
+
+def daemons_of(prefix: str) -> list[str]:
+    """The daemons named ``prefix``* still running: pid, state, parent, command."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if prefix in line:
+            found.append(f"{p.pid} {p.info['status']} ppid {p.info['ppid']}: {line}")
+    return found
 
 
 def frames_until(client: RayClient, want: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
