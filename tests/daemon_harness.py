@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from rte.client import Chunk, EngineClient, ShmClient, connect
+from rte.ipc.childlog import child_log, said
 from rte.ipc.control import KIND_CONTROL, Control, DaemonState
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import Bye, encode_request
@@ -34,7 +34,7 @@ class DaemonProcess:
         path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
         environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
         # stderr to a file, not a pipe: a chatty daemon must never block on a full pipe
-        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as we do)
+        self._log = child_log()  # lives as long as we do
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=self._log, env=environment
         )
@@ -74,8 +74,7 @@ class DaemonProcess:
         """What the daemon has written to stderr so far (all of it once stopped)."""
         if self._log.closed:
             return self.stderr
-        self._log.seek(0)
-        return self._log.read()
+        return said(self._log)
 
 
 def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[Chunk]:

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ import psutil
 import pytest
 from daemon_harness import DaemonProcess
 
+from rte.ipc.childlog import child_log, said
 from rte.ipc.inspect import summary
 from rte.ipc.names import DaemonNames
 from rte.models import worldgen
@@ -96,7 +96,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if chromium is None:
         pytest.fail(f"no chromium on PATH: install it with `bash {INSTALL}` (as root)")
     profile = tmp_path_factory.mktemp("chromium-profile")
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed below)
+    log = child_log()  # closed below
     command = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
     process = subprocess.Popen(  # a process group of its own: its helpers go with it
         command,
@@ -108,13 +108,11 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         deadline = time.monotonic() + 20
         while True:
-            log.seek(0)
-            found = re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", log.read())
+            found = re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", said(log))
             if found:
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"chromium did not start (exit {process.poll()}): {log.read()[-2000:]}")
+                pytest.fail(f"chromium did not start (exit {process.poll()}): {said(log)[-2000:]}")
             time.sleep(0.05)
         yield f"http://{found.group(1)}"
         elsewhere = _remote_peers(process.pid)
@@ -235,7 +233,7 @@ class Play:
     """``python -m rte play --port 0 ARGS`` in a child process."""
 
     def __init__(self, *args: str) -> None:
-        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
+        self._log = child_log()  # closed in stop
         self._said = ""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rte", "play", "--port", "0", *args],
@@ -263,8 +261,7 @@ class Play:
     def said(self) -> str:
         """What it wrote to stderr (all of it, once stopped)."""
         if not self._log.closed:
-            self._log.seek(0)
-            self._said = self._log.read()
+            self._said = said(self._log)
         return self._said
 
     def wait(self, timeout: float) -> int:

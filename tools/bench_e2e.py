@@ -49,7 +49,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -58,6 +57,7 @@ from typing import Any
 from rte.client import ChunkBatch, EngineClient, connect
 from rte.composed import ComposedEngine
 from rte.contract import Action, StepResult
+from rte.ipc.childlog import child_log, said
 from rte.ipc.names import DaemonNames
 from rte.models.null import NullModel, tag_of
 from tools import report
@@ -182,15 +182,14 @@ class Daemon:
         command += ["--max-sessions", str(sessions), "--max-clients", "2"]
         command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
         command += ["--pace-hz", str(pace_hz)] if pace_hz else []
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self.log = child_log()  # closed by close()
         self.process = subprocess.Popen(command, stderr=self.log)
 
     def connect(self) -> EngineClient:
         try:
             return connect(self.name, timeout=60)
         except Exception as exc:
-            self.log.seek(0)
-            tail = self.log.read()[-2000:].decode(errors="replace")
+            tail = said(self.log)[-2000:]
             raise RuntimeError(f"the benchmark's daemon did not come up: {exc}\n{tail}") from exc
 
     def close(self) -> None:

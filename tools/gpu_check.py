@@ -111,13 +111,15 @@ def suite(check: Check) -> dict[str, Any]:
 
 def daemon(check: Check) -> dict[str, Any]:
     from rte.client import connect  # noqa: PLC0415
+    from rte.ipc.childlog import child_log  # noqa: PLC0415
+    from rte.ipc.childlog import said as read_log  # noqa: PLC0415
     from rte.models.world import TorchWorldModel  # noqa: PLC0415
 
     name = f"gpucheck{uuid.uuid4().hex[:8]}"
     command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", "torch"]
     command += ["--device", check.device, "--max-sessions", "2"]
     env = {**os.environ, "RTE_LANES": "sim"} if check.simulate else None
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed below)
+    log = child_log()  # closed below
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
     served: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
     try:
@@ -132,8 +134,7 @@ def daemon(check: Check) -> dict[str, Any]:
     finally:
         process.terminate()
         process.wait(60)
-        log.seek(0)
-        said = log.read()
+        said = read_log(log)
         log.close()
     from rte import ComposedEngine  # noqa: PLC0415
 

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from rte.cli.sheet import contact_sheet, write_png
 from rte.client import EngineClient, connect
 from rte.errors import ConfigurationError, EngineGone
+from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
 
 CONNECT_TIMEOUT_S = 60.0
@@ -69,7 +69,7 @@ def demo(args: argparse.Namespace) -> int:
     if args.sessions < 1:
         raise ConfigurationError(f"--sessions {args.sessions}: at least 1")
     name = args.name or f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    daemon, said = None, tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed below)
+    daemon, said = None, child_log()
     if args.name is None:
         command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
         command += ["--max-sessions", str(max(args.sessions, 1))]
@@ -106,11 +106,8 @@ def _connect(name: str, daemon: subprocess.Popen[bytes] | None, said: Any) -> En
             return connect(name, timeout=0.25 if daemon is not None else CONNECT_TIMEOUT_S)
         except EngineGone:
             if daemon is not None and daemon.poll() is not None:
-                said.seek(0)
-                lines = said.read().strip().splitlines() or ["(it said nothing)"]
-                why = lines[-1].removeprefix("rte serve: ")
                 raise EngineGone(
-                    f"the daemon did not start (exit {daemon.returncode}): {why}"
+                    f"the daemon did not start (exit {daemon.returncode}): {last_words(said)}"
                 ) from None
             if time.monotonic() > deadline:
                 raise

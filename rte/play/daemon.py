@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from typing import IO
 
 from rte.client import AsyncClient, connect_async
 from rte.errors import EngineGone
+from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
 
 START_TIMEOUT_S = 60.0  # a model may take a while to load
@@ -37,7 +37,7 @@ class LaunchedDaemon:
         command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", model]
         command += ["--max-sessions", str(max_sessions), "--pace-hz", str(pace_hz)]
         command += ["--device", device] if device else []
-        self._said: IO[str] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
+        self._said: IO[str] = child_log()  # closed in stop
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stderr=self._said, start_new_session=True
         )
@@ -62,9 +62,7 @@ class LaunchedDaemon:
         """The last line the daemon wrote to stderr."""
         if self._said.closed:
             return "(its output is closed)"
-        self._said.seek(0)
-        lines = self._said.read().strip().splitlines() or ["(it said nothing)"]
-        return lines[-1].removeprefix("rte serve: ")
+        return last_words(self._said)
 
     def stop(self) -> None:
         """SIGTERM and wait; kill it and remove its leftovers if it will not go."""
