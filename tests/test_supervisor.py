@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from daemon_harness import DaemonProcess, Deadline
 
@@ -49,6 +50,7 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
         limit = Deadline(what="the killed replica restarted")
         while (again := pid_of(f"{name}-1")) in (None, first):
             limit.check(supervisor.said())
+            time.sleep(0.05)
         assert again != first
         assert pid_of(f"{name}-0-0") is None  # no child became a supervisor itself
         assert f"{name}-1 (pid {first}) exited with -9; restarting in 1s" in supervisor.said()

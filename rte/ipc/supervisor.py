@@ -64,7 +64,9 @@ class Child:
             text = line.rstrip("\n")
             if text:
                 self.last_words = text
-                print(f"[{self.name}] {text}", file=sys.stderr, flush=True)
+                # one write per line: the log lines of the other threads go whole in between
+                sys.stderr.write(f"[{self.name}] {text}\n")
+                sys.stderr.flush()
             if text.startswith("rte serve: ready "):
                 self.ready.set()
 
