@@ -38,6 +38,7 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
         while "rte serve: ready children=" not in supervisor.said():
             limit.check(supervisor.said())
             assert supervisor.process.poll() is None, supervisor.said()
+            time.sleep(0.05)
         with connect(name, timeout=30) as pool:
             assert isinstance(pool, PoolClient)
             assert sorted(pool.members) == [f"{name}-0", f"{name}-1"]
