@@ -22,11 +22,13 @@ attach them again: the router then admits them elsewhere.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,8 +42,21 @@ HEALTH_TIMEOUT_S = 2.0
 MISSES = 3  # checks a live actor may fail in a row (busy, or its daemon gone) before it is lost
 
 
-def _die_with_parent() -> None:  # in the child, before exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# looked up here: a forked child of a threaded process must not dlopen or dlsym
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+_PRCTL.argtypes = [ctypes.c_int, ctypes.c_ulong]
+_PRCTL.restype = ctypes.c_int
+PR_SET_PDEATHSIG = 1
+
+
+def _dies_with(parent: int) -> Callable[[], None]:
+    def die_with_parent() -> None:  # in the child, before exec: no lock taken, nothing loaded
+        if _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # it died before the call: no signal will come
+            raise ProcessLookupError(f"the actor's process {parent} is gone")
+
+    return die_with_parent
 
 
 class DaemonHost:
@@ -57,7 +72,7 @@ class DaemonHost:
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (prctl only: no lock taken)
+            preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 (prctl only: no lock taken)
             start_new_session=True,  # a kill of the actor's process group spares it: it cleans up
         )
         client = connect(name, timeout=60)
