@@ -4,6 +4,7 @@ either client form is in test_client.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -180,6 +181,25 @@ def test_sigterm_finalizes_and_unlinks_everything(shm_prefix: str) -> None:
                 delivered.append(chunk.chunk)
     assert delivered == sorted(delivered)
     client.close()
+
+
+def test_a_burst_of_sigterms_still_stops_it_cleanly(shm_prefix: str) -> None:
+    """Signals come in bursts (a parent that dies with PR_SET_PDEATHSIG set sends
+    one per thread of it as they end): one arriving while the handler of the one
+    before runs must not hang the daemon (its handler once waited on a lock it
+    held itself, for ever)."""
+    d = DaemonProcess(shm_prefix)
+    with d.client() as client:
+        client.attach("a")
+        _chunks(client, "a", 3)
+        for _ in range(300):
+            if d.process.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(d.pid, signal.SIGTERM)
+    assert d.stop(timeout=20) == 0, d.stderr
+    assert "stopped; its shared memory is unlinked" in d.stderr
+    assert leftovers(shm_prefix) == []
 
 
 def _record(kind: int, session: str, body: bytes) -> bytes:

@@ -3,6 +3,7 @@ restarted (and said so), all stopped by one SIGTERM (real processes, real kills)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -61,6 +62,23 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
         code = supervisor.stop()
     assert code == 0, supervisor.stderr
     assert pid_of(f"{name}-0") is None and pid_of(f"{name}-1") is None
+    assert objects(shm_name(name)) == []  # every child unlinked its shared memory
+
+
+def test_a_burst_of_sigterms_stops_the_supervisor_and_every_replica(shm_prefix: str) -> None:
+    name = f"{shm_prefix}b"
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
+    limit = Deadline(what="both replicas ready")
+    while "rte serve: ready children=" not in supervisor.said():
+        limit.check(supervisor.said())
+        assert supervisor.process.poll() is None, supervisor.said()
+        time.sleep(0.05)
+    for _ in range(300):
+        if supervisor.process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor.pid, signal.SIGTERM)
+    assert supervisor.stop(timeout=40) == 0, supervisor.stderr
     assert objects(shm_name(name)) == []  # every child unlinked its shared memory
 
 

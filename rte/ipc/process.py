@@ -3,8 +3,9 @@
 This module owns the process's life, nothing else:
 
 - **signals first**: SIGTERM/SIGINT are handled before anything is created, and
-  the handler only sets a flag and rings the doorbell (vLLM's rule), so a
-  signal at any moment leaves nothing behind and exits cleanly;
+  the handler only writes a byte to a pipe (:mod:`rte.ipc.signals`: a thread
+  sets the flag and rings the doorbell), so a signal at any moment, or a burst
+  of them, leaves nothing behind and exits cleanly;
 - **the name**: a :class:`~shm.lock.NameLock` makes one process at a time
   the owner of NAME; a live owner is refused (:class:`DaemonRunningError`),
   a dead one's leftovers are removed;
@@ -26,7 +27,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
-from types import FrameType
 from typing import TypeVar
 
 from rte.contract import Manifest
@@ -36,6 +36,7 @@ from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.metrics import serve_metrics
 from rte.ipc.names import DaemonNames
 from rte.ipc.settings import Settings
+from rte.ipc.signals import StopSignals
 from rte.models import load_model
 from rte.stages import StageModel
 from shm import Doorbell, Ring, Segment, SegmentError, ShmError, Slab
@@ -57,8 +58,8 @@ def serve(
     """Run a daemon in this process (its main thread) until SIGTERM/SIGINT.
 
     ``ready`` is told one line once clients may connect. With
-    ``restore_signals`` False the handlers stay after the return (a process
-    about to exit: a late signal must not end it another way). Raises
+    ``restore_signals`` False both signals are ignored after the return (a
+    process about to exit: a late signal must not end it another way). Raises
     DaemonRunningError when a live daemon owns the name, ConfigurationError
     when the model cannot be loaded; re-raises what ended the serve loop,
     after everything was cleaned up.
@@ -68,7 +69,8 @@ def serve(
     names = settings.names
     core: DaemonCore | None = None
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_signals_set(stopping, bells, restore=restore_signals))
+        stack.enter_context(StopSignals(stopping, lambda: _ring(bells), restore=restore_signals))
+        stack.callback(stopping.set)  # whatever ends this block ends the loop too
         stack.enter_context(_own_name(names))
         model = _load(settings)
         if stopping.is_set():
@@ -111,6 +113,13 @@ def serve(
             log.error("the serve loop did not stop in %gs; cleaning up under it", STOP_TIMEOUT_S)
     if core is not None and core.failure is not None:
         raise core.failure
+
+
+def _ring(bells: list[Doorbell]) -> None:
+    """Wake the loop to see that it is stopping."""
+    for bell in list(bells):
+        with contextlib.suppress(Exception):  # a bell closed under us: nobody to wake
+            bell.ring()
 
 
 def _metrics_server(name: str, port: int) -> ThreadingHTTPServer:
@@ -179,28 +188,6 @@ def _check_cuda(device: str) -> None:
         raise ConfigurationError(
             f"--device {device}: torch sees {count} CUDA device{'s' if count != 1 else ''} here"
         )
-
-
-@contextlib.contextmanager
-def _signals_set(
-    stopping: threading.Event, bells: list[Doorbell], *, restore: bool
-) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stopping`` and wake the loop; nothing more."""
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-        for bell in list(bells):
-            with contextlib.suppress(Exception):  # a bell closed under us: nobody to wake
-                bell.ring()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        stopping.set()
-        if restore:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

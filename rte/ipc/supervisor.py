@@ -24,9 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import FrameType
 
 from rte.ipc.names import DaemonNames
+from rte.ipc.signals import StopSignals
 
 log = logging.getLogger("rte.supervisor")
 BACKOFF_S = (1.0, 30.0)  # first delay, most delay
@@ -74,25 +74,19 @@ class Child:
 def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
     """Run ``children`` until SIGTERM/SIGINT; the exit code."""
     stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        for child in children:
-            child.start()
-        code = _until_ready(children, stopping)
-        if code is None:
-            pids = ",".join(str(c.process.pid) for c in children if c.process)
-            ready(f"ready children={','.join(c.name for c in children)} pids={pids}")
-            _watch(children, stopping)
-            code = 0
-        return code
-    finally:
-        _stop_all(children)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with StopSignals(stopping):
+        try:
+            for child in children:
+                child.start()
+            code = _until_ready(children, stopping)
+            if code is None:
+                pids = ",".join(str(c.process.pid) for c in children if c.process)
+                ready(f"ready children={','.join(c.name for c in children)} pids={pids}")
+                _watch(children, stopping)
+                code = 0
+            return code
+        finally:
+            _stop_all(children)
 
 
 def _until_ready(children: list[Child], stopping: threading.Event) -> int | None:
