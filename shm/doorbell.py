@@ -52,10 +52,12 @@ class Doorbell:
         self._sem.release()
 
     def wait(self, timeout: float) -> bool:
-        """Sleep until rung or ``timeout`` seconds pass; True when rung."""
+        """Sleep until rung or ``timeout`` seconds pass; True when rung. False also
+        when a signal to this thread cut the sleep short (posix_ipc raises on
+        EINTR instead of going on): every caller looks again and sleeps again."""
         try:
             self._sem.acquire(max(timeout, 0.0))
-        except posix_ipc.BusyError:
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
             return False
         return True
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import stat
 import struct
+import threading
+import time
 
 import numpy as np
 import posix_ipc
@@ -198,3 +201,40 @@ def test_close_with_a_view_still_held_is_safe(shm_prefix: str) -> None:
 def test_bad_names_are_refused() -> None:
     with pytest.raises(ValueError, match="name part"):
         shm_name("no/slashes")
+
+
+def test_a_signal_to_a_thread_asleep_on_a_doorbell_is_a_wake_up_not_an_error(
+    shm_prefix: str,
+) -> None:
+    """A signal delivered to the thread asleep in ``wait`` (any thread may get
+    a process's SIGTERM) made posix_ipc raise SignalError, which ended a
+    daemon's serve loop; now it is a wake-up without a ring, and the caller
+    looks again."""
+    bell = Doorbell(shm_name(shm_prefix, "sig", "bell"), create=True)
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    outcome: list[object] = []
+    asleep = threading.Event()
+
+    def sleeper() -> None:
+        asleep.set()
+        try:
+            outcome.append(bell.wait(30.0))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=sleeper)
+    try:
+        thread.start()
+        assert asleep.wait(10)
+        started = time.monotonic()
+        while thread.is_alive() and time.monotonic() - started < 10:
+            assert thread.ident is not None
+            signal.pthread_kill(thread.ident, signal.SIGUSR1)  # until it is out of the wait
+            thread.join(0.05)
+        assert outcome == [False]
+    finally:
+        bell.ring()  # whatever happened, the sleeper ends
+        thread.join(10)
+        signal.signal(signal.SIGUSR1, previous)
+        bell.close()
+        bell.unlink()
