@@ -4,7 +4,6 @@ either client form is in test_client.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import signal
@@ -192,11 +191,7 @@ def test_a_burst_of_sigterms_still_stops_it_cleanly(shm_prefix: str) -> None:
     with d.client() as client:
         client.attach("a")
         _chunks(client, "a", 3)
-        for _ in range(300):
-            if d.process.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(d.pid, signal.SIGTERM)
+        d.burst()
     assert d.stop(timeout=20) == 0, d.stderr
     assert "stopped; its shared memory is unlinked" in d.stderr
     assert leftovers(shm_prefix) == []

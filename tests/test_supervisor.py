@@ -3,7 +3,6 @@ restarted (and said so), all stopped by one SIGTERM (real processes, real kills)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -15,6 +14,14 @@ from rte.client import PoolClient, connect
 from rte.ipc.names import DaemonNames
 from shm import Segment
 from shm.names import objects, shm_name
+
+
+def until_ready(supervisor: DaemonProcess) -> None:
+    limit = Deadline(what="both replicas ready")
+    while "rte serve: ready children=" not in supervisor.said():
+        limit.check(supervisor.said())
+        assert supervisor.process.poll() is None, supervisor.said()
+        time.sleep(0.05)
 
 
 def pid_of(name: str) -> int | None:
@@ -35,11 +42,7 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
     env = {"RTE_REPLICAS": "2"}
     supervisor = DaemonProcess(name, "--model", "null", "--max-sessions", "2", env=env)
     try:
-        limit = Deadline(what="both replicas ready")
-        while "rte serve: ready children=" not in supervisor.said():
-            limit.check(supervisor.said())
-            assert supervisor.process.poll() is None, supervisor.said()
-            time.sleep(0.05)
+        until_ready(supervisor)
         with connect(name, timeout=30) as pool:
             assert isinstance(pool, PoolClient)
             assert sorted(pool.members) == [f"{name}-0", f"{name}-1"]
@@ -68,16 +71,8 @@ def test_replicas_are_supervised_pooled_restarted_and_stopped(shm_prefix: str) -
 def test_a_burst_of_sigterms_stops_the_supervisor_and_every_replica(shm_prefix: str) -> None:
     name = f"{shm_prefix}b"
     supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
-    limit = Deadline(what="both replicas ready")
-    while "rte serve: ready children=" not in supervisor.said():
-        limit.check(supervisor.said())
-        assert supervisor.process.poll() is None, supervisor.said()
-        time.sleep(0.05)
-    for _ in range(300):
-        if supervisor.process.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(supervisor.pid, signal.SIGTERM)
+    until_ready(supervisor)
+    supervisor.burst()
     assert supervisor.stop(timeout=40) == 0, supervisor.stderr
     assert objects(shm_name(name)) == []  # every child unlinked its shared memory
 
