@@ -419,10 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.plot:
         report.plot_latency(result, args.plot)
-    if args.json:
-        report.print_json(result)
-    else:
-        report.print_tables(result, TABLES)
+    report.emit(result, TABLES, args.json)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,9 @@ from tools.report import (
     DEFAULT_WINDOWS,
     Progress,
     TableSpec,
+    emit,
     machine,
     percentiles_us,
-    print_json,
-    print_tables,
 )
 
 COLUMNS = ["sessions", "step_p50_us", "step_p99_us", "per_session_us", "step_x_1_session"]
@@ -136,10 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     result = run(args.sessions, args.steps, args.windows)
-    if args.json:
-        print_json(result)
-    else:
-        print_tables(result, TABLES)
+    emit(result, TABLES, args.json)
 
 
 if __name__ == "__main__":

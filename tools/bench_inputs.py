@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = run(args.rounds, args.windows)
-    if args.json:
-        report.print_json(result)
-    else:
-        report.print_tables(result, TABLES)
+    report.emit(result, TABLES, args.json)
 
 
 if __name__ == "__main__":

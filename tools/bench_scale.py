@@ -204,10 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run(
         args.daemons, args.sessions, args.windows, args.rounds, args.seconds, with_ray=args.ray
     )
-    if args.json:
-        report.print_json(result)
-    else:
-        report.print_tables(result, TABLES)
+    report.emit(result, TABLES, args.json)
 
 
 if __name__ == "__main__":

@@ -420,10 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, default=report.DEFAULT_WINDOWS)
     args = parser.parse_args(argv)
     result = run(args.quick, args.windows)
-    if args.json:
-        report.print_json(result)
-    else:
-        report.print_tables(result, TABLES)
+    report.emit(result, TABLES, args.json)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,14 @@ def print_json(payload: dict[str, Any]) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True))
 
 
+def emit(result: dict[str, Any], specs: list[TableSpec], as_json: bool) -> None:
+    """A suite's result as JSON (``--json``) or as its tables."""
+    if as_json:
+        print_json(result)
+    else:
+        print_tables(result, specs)
+
+
 def plot_latency(result: dict[str, Any], path: str) -> None:
     """The e2e suite's p50/p99 in process and through the daemon per sessions, one
     panel per mode, on a log y axis (needs matplotlib)."""
