@@ -518,23 +518,19 @@ def test_play_launches_its_own_daemon_and_sigterm_stops_everything(browser: str)
 
 
 def test_rte_works_without_aiohttp_and_play_says_what_to_install() -> None:
-    block = "import sys; sys.modules['aiohttp'] = None; from rte.cli import main; "
-    helped = subprocess.run(
-        [sys.executable, "-c", block + "main(['--help'])"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
+    def without_aiohttp(call: str) -> subprocess.CompletedProcess[str]:
+        block = "import sys; sys.modules['aiohttp'] = None; from rte.cli import main; "
+        return subprocess.run(
+            [sys.executable, "-c", block + call],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+
+    helped = without_aiohttp("main(['--help'])")
     assert helped.returncode == 0 and "play" in helped.stdout, helped.stderr
-    refused = subprocess.run(
-        [sys.executable, "-c", block + "sys.exit(main(['play', '--port', '0']))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
+    refused = without_aiohttp("sys.exit(main(['play', '--port', '0']))")
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.count("\n") == 1 and "rte[play]" in refused.stderr, refused.stderr
