@@ -534,3 +534,135 @@ def test_rte_works_without_aiohttp_and_play_says_what_to_install() -> None:
     refused = without_aiohttp("sys.exit(main(['play', '--port', '0']))")
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.count("\n") == 1 and "rte[play]" in refused.stderr, refused.stderr
+
+
+# -- hostile pages ------------------------------------------------------------------
+
+
+class RawTab:
+    """A tab as any program may open one: an aiohttp WebSocket to ``/ws``, with what
+    came back (text messages parsed, frames counted) gathered by a reader task."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.texts: list[dict[str, Any]] = []
+        self.frames = 0
+        self.closed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, http: aiohttp.ClientSession, url: str) -> RawTab:
+        tab = cls(await http.ws_connect(f"{url}ws", max_msg_size=0))
+        await tab.until(lambda: tab.of("hello"), "the hello")
+        return tab
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            if message.type is aiohttp.WSMsgType.TEXT:
+                self.texts.append(json.loads(message.data))
+            elif message.type is aiohttp.WSMsgType.BINARY:
+                self.frames += 1
+        self.closed.set()
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [t for t in self.texts if t.get("type") == kind]
+
+    async def until(self, done: Callable[[], object], what: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert not self.closed.is_set(), f"{what}: the socket closed ({self.ws.close_code})"
+            assert time.monotonic() < deadline, f"{what}: not within {timeout} s: {self.texts}"
+            await asyncio.sleep(0.02)
+
+    async def streams(self, what: str) -> None:
+        count = self.frames
+        await self.until(lambda: self.frames >= count + 3, f"{what}: frames")
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self._reader.cancel()
+
+
+DEEP = "[" * 30000 + "]" * 30000  # past the JSON decoder's recursion limit, under 64 KiB
+HOSTILE: list[tuple[str, str | bytes]] = [  # what a page (or any program) may send
+    ("nested too deep", DEEP),
+    ("a move nested too deep", '{"move": ' + "[" * 900 + "]" * 900 + "}"),
+    ("not JSON", "{move"),
+    ("not an object", "[1, 2]"),
+    ("null", "null"),
+    ("an unknown message", '{"jump": true}'),
+    ("an empty object", "{}"),
+    ("a move of a string", '{"move": "up"}'),
+    ("a move of one number", '{"move": [1]}'),
+    ("a move of three numbers", '{"move": [1, 0, 1]}'),
+    ("a move of floats", '{"move": [0.5, NaN]}'),
+    ("a move too big for 64 bits", '{"move": [1e400, 18446744073709551616]}'),
+    ("a move of an object", '{"move": {"dy": 1}}'),
+    ("a move of null", '{"move": null}'),
+    ("a prompt of a number", '{"prompt": 5}'),
+    ("a prompt of a list", '{"prompt": ["a"]}'),
+    ("a prompt with a lone surrogate", '{"prompt": "\\ud800"}'),
+    ("a seq of a string and a prompt of null", '{"seq": "x", "prompt": null}'),
+    ("a message over 64 KiB", '{"prompt": "' + "x" * 100_000 + '"}'),
+    ("a binary frame", b"\x00\xff\xfe binary"),
+    ("a binary frame of JSON", b'{"move": [0, 1]}'),
+]
+
+
+def test_any_message_a_page_sends_is_an_error_to_it_and_every_tab_streams_on(
+    play: Play, daemon: DaemonProcess
+) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            hostile = await RawTab.open(http, play.url)
+            bystander = await RawTab.open(http, play.url)
+            await hostile.streams("before")
+            for what, message in HOSTILE:
+                errors = len(hostile.of("error"))
+                if isinstance(message, bytes):
+                    await hostile.ws.send_bytes(message)
+                else:
+                    await hostile.ws.send_str(message)
+                await hostile.until(lambda n=errors: len(hostile.of("error")) > n, what)
+                await hostile.streams(f"after {what}")
+            assert len(hostile.of("error")) == len(HOSTILE), hostile.of("error")
+            await bystander.streams("the bystander")
+            assert bystander.of("error") == [], bystander.of("error")
+            await hostile.ws.send_str('{"move": [0, 1], "seq": 7}')  # and it still steers
+            await hostile.streams("a move after all that")
+            assert len(hostile.of("error")) == len(HOSTILE), hostile.of("error")[-1]
+            assert summary(daemon.name)["sessions"] == 2
+            for tab in (hostile, bystander):
+                await tab.close()
+
+    asyncio.run(asyncio.wait_for(main(), 240))
+    assert "Traceback" not in play.said(), play.said()
+
+
+def test_a_frame_the_protocol_forbids_ends_that_tab_alone(
+    play: Play, daemon: DaemonProcess
+) -> None:
+    """Text that is not UTF-8 (1007) and a message past what the gateway reads (1009)
+    close the one socket, as RFC 6455 says; its session detaches, the others stream."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            bystander = await RawTab.open(http, play.url)
+            for codes, send in (
+                ({1007}, lambda ws: ws.send_frame(b"\xff\xfe not utf-8", aiohttp.WSMsgType.TEXT)),
+                # (1006 when the gateway's close comes while we still write: a reset)
+                ({1009, 1006}, lambda ws: ws.send_str("x" * (17 * 1024 * 1024))),
+            ):
+                tab = await RawTab.open(http, play.url)
+                await tab.streams("before")
+                with contextlib.suppress(ConnectionError):
+                    await send(tab.ws)
+                await asyncio.wait_for(tab.closed.wait(), 10)
+                assert tab.ws.close_code in codes, (codes, tab.ws.close_code)
+                await sessions_become(daemon.name, 1)
+                await bystander.streams(f"the bystander after {codes}")
+            assert bystander.of("error") == [], bystander.of("error")
+            await bystander.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    assert "Traceback" not in play.said(), play.said()

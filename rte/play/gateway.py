@@ -22,6 +22,14 @@ What crosses a tab's socket:
 * from the page, text (JSON): ``{"move": [dy, dx]}``, ``{"prompt": text}`` or
   ``{"reset": true}``, each with a ``seq``.
 
+A page is not trusted: any message it sends that is not one of those (not
+JSON, nested past the decoder's depth, over :data:`MAX_MESSAGE`, binary,
+unknown, a field of the wrong type or value) is answered with an ``error``
+and changes nothing; the tab and every other tab stream on. Two things end
+the one tab's socket, as the WebSocket protocol says they must: a text frame
+that is not UTF-8 (close code 1007) and a message over :data:`READ_LIMIT`,
+which is never read into memory (1009).
+
 A move lasts while its key is held, and at least until a frame made after it
 has come (so a tap moves the scene a step or two, however short it is). The action-to-frame
 latency is from an action's arrival at the gateway to the first frame made
@@ -33,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import struct
 import time
 import uuid
@@ -40,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from rte.client import AsyncClient, ChunkBatch, NoticeKind
 from rte.errors import ClientClosedError, EngineGone, RequestError, RteError
@@ -49,8 +58,10 @@ HEADER = struct.Struct("<IIHHI")  # chunk, ack seq, height, width, latency µs
 NO_LATENCY = 0xFFFFFFFF
 POLL_S = 0.25  # the reader's longest wait for a batch
 MAX_MESSAGE = 64 * 1024  # the largest message a page may send
+READ_LIMIT = 16 * 1024 * 1024  # a message up to this is read and refused; past it, 1009
 MAX_SAYING = 8  # text messages a tab may have waiting; older ones are dropped
 STILL = (0, 0)
+log = logging.getLogger("rte.play")
 
 
 @dataclass
@@ -167,7 +178,7 @@ class Gateway:
 
     async def socket(self, request: web.Request) -> web.WebSocketResponse:
         """One tab, from its WebSocket's opening to its close: a session of its own."""
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
+        ws = web.WebSocketResponse(max_msg_size=READ_LIMIT)
         await ws.prepare(request)
         if self.gone is not None or self.closing:
             why = {"type": "gone", "message": self.gone or "rte play is stopping"}
@@ -195,8 +206,8 @@ class Gateway:
             self.tabs[session] = tab
             sender = asyncio.create_task(self._send_frames(tab))
             async for message in ws:
-                if message.type is WSMsgType.TEXT:
-                    await self._on_message(tab, message.data)
+                if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    await self._on_message(tab, message)
         except (ConnectionError, EngineGone, ClientClosedError):
             pass  # the page went, or the daemon did (the reader tells the others)
         finally:
@@ -208,18 +219,18 @@ class Gateway:
                     await self.client.detach(session)
         return ws
 
-    async def _on_message(self, tab: Tab, text: str) -> None:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            tab.say({"type": "error", "message": "refused: not a JSON object"})
+    async def _on_message(self, tab: Tab, message: WSMessage) -> None:
+        """Do what the page asks, or tell it why not; never end the tab."""
+        data = page_request(message)
+        if isinstance(data, str):
+            tab.say({"type": "error", "message": f"refused: {data}"})
             return
         seq = data.get("seq", 0)
-        seq = seq if isinstance(seq, int) and 0 <= seq < NO_LATENCY else 0
+        seq = seq if type(seq) is int and 0 <= seq < NO_LATENCY else 0
         try:
             if "reset" in data:
+                if data["reset"] is not True:
+                    raise RequestError(f"reset must be true, got {data['reset']!r:.40}")
                 await self.client.reset(tab.session)
                 tab.moved_ns, tab.stop_pending = 0, False
             elif "move" in data:
@@ -234,6 +245,9 @@ class Gateway:
             raise  # the reader tells every tab
         except RteError as exc:  # refused here (a value the wire cannot carry), or no room
             tab.say({"type": "error", "message": f"refused: {exc}"})
+        except Exception as exc:  # a value the client did not expect: the page's error alone
+            log.warning("tab %s: %r refused by %s: %s", tab.session, data, type(exc).__name__, exc)
+            tab.say({"type": "error", "message": f"refused: {type(exc).__name__}: {exc}"})
 
     def _arrived(self, tab: Tab, seq: int) -> None:
         if not tab.action_ns:  # the oldest action still waiting is the one measured
@@ -293,6 +307,24 @@ class Gateway:
         task = asyncio.ensure_future(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def page_request(message: WSMessage) -> dict[str, Any] | str:
+    """A page's message as the JSON object it should be, or why it is not one."""
+    if message.type is not WSMsgType.TEXT:
+        return 'a binary message: send JSON text, {"move": [dy, dx]} and the like'
+    text = message.data
+    if len(text) > MAX_MESSAGE:
+        return f"a message of {len(text)} characters: at most {MAX_MESSAGE}"
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return "not JSON this gateway reads: nested too deep"
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    return data
 
 
 async def _send_json(ws: web.WebSocketResponse, message: dict[str, Any]) -> None:
