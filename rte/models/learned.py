@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from rte.models import worldgen
+from rte.models.cost import CostDial
 from rte.models.prompt_move import PromptMoveModel
 from rte.stages import Batch
 
@@ -134,14 +135,24 @@ class LearnedWorldModel(PromptMoveModel):
     max_sessions: rows in the arena.
     pipelined: decode chunk N-1 while making chunk N.
     weights: ``"trained"`` (the shipped file), ``"random"`` (untrained), or a path.
+    cost: each stage costs this many times its work (for real-time tests and
+        benchmarks; see :mod:`rte.models.cost`).
+    cost_file: a file holding the cost factor, re-read while the model runs.
     """
 
     name = "world"
 
     def __init__(
-        self, max_sessions: int = 8, *, pipelined: bool = True, weights: str = "trained"
+        self,
+        max_sessions: int = 8,
+        *,
+        pipelined: bool = True,
+        weights: str = "trained",
+        cost: float = 1.0,
+        cost_file: str | None = None,
     ) -> None:
         self.max_sessions = max_sessions
+        self.cost = CostDial(cost, cost_file)
         self.pipelined = pipelined
         self.frame_shape = (worldgen.VIEW, worldgen.VIEW, 3)
         if weights == "random":
@@ -195,6 +206,10 @@ class LearnedWorldModel(PromptMoveModel):
         self.embedding[row] = 0.0
 
     def _denoise(self, batch: Batch) -> None:
+        with self.cost.stage():
+            self._denoise_rows(batch)
+
+    def _denoise_rows(self, batch: Batch) -> None:
         latents, positions = [], []
         for row, cond in zip(batch.rows, batch.conditioning, strict=True):
             move = tuple(int(m) for m in cond.get("move", (0, 0)))
@@ -217,10 +232,11 @@ class LearnedWorldModel(PromptMoveModel):
 
     def _decode(self, batch: Batch) -> None:
         carry = batch.carry
-        for latent, embedding, out in zip(
-            carry["latent"], carry["embedding"], batch.out, strict=True
-        ):
-            out[...] = self.render(latent, embedding)
+        with self.cost.stage():
+            for latent, embedding, out in zip(
+                carry["latent"], carry["embedding"], batch.out, strict=True
+            ):
+                out[...] = self.render(latent, embedding)
 
     def _encode_prompt(self, batch: Batch) -> None:
         for row, session, cond in zip(batch.rows, batch.sessions, batch.conditioning, strict=True):
