@@ -3,10 +3,12 @@ restarted (and said so), all stopped by one SIGTERM (real processes, real kills)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 
+import psutil
 from daemon_harness import DaemonProcess, Deadline
 
 from rte.cli.serve import OPTIONS, _children
@@ -108,3 +110,30 @@ def test_each_replica_gets_its_own_metrics_port() -> None:
     ports = [c.command[c.command.index("--metrics-port") + 1] for c in children]
     assert ports == ["9100", "9101", "9102"]
     assert [c.name for c in children] == ["m-0", "m-1", "m-2"]
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigkilled_supervisor_s_replicas_stop_and_unlink_everything(shm_prefix: str) -> None:
+    name = f"{shm_prefix}k"
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
+    pids: list[int] = []
+    try:
+        until_ready(supervisor)
+        pids = [pid for i in range(2) if (pid := pid_of(f"{name}-{i}")) is not None]
+        assert len(pids) == 2, supervisor.said()
+        supervisor.kill()  # SIGKILL: no finally of its runs
+        limit = Deadline(what="the replicas of a killed supervisor stopped")
+        while not all(gone(pid) for pid in pids) or objects(shm_name(name)):
+            limit.check((pids, objects(shm_name(name))))
+            time.sleep(0.05)
+    finally:
+        for pid in pids:  # a replica that outlived it would serve for ever: not after us
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -10,7 +10,10 @@ restarts a child that dies after it was ready, with backoff (1 s, doubling to
 once, stopping the others, on a child that exits before it was ready (its
 settings cannot hold: retrying would not help), with that child's exit code
 and last words. SIGTERM or SIGINT stop every child (each finalizes its
-sessions and unlinks its shared memory) and then the supervisor.
+sessions and unlinks its shared memory) and then the supervisor. A supervisor
+that dies any other way, SIGKILL included, stops them too: each child gets
+SIGTERM from the kernel when it does (:mod:`rte.ipc.parentdeath`; children are
+started, and restarted, from the main thread, which lives as long as it does).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rte.ipc.names import DaemonNames
+from rte.ipc.parentdeath import dies_with_this_process
 from rte.ipc.signals import StopSignals
 
 log = logging.getLogger("rte.supervisor")
@@ -53,7 +57,12 @@ class Child:
         # every child a supervisor of its own, without end
         env = {k: v for k, v in os.environ.items() if k not in ("RTE_REPLICAS", "RTE_DEVICES")}
         self.process = subprocess.Popen(
-            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            self.command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 (prctl only: no lock taken)
         )
         threading.Thread(target=self._forward, name=f"log-{self.name}", daemon=True).start()
 

@@ -2,10 +2,11 @@
 daemon on its node, and the :class:`Router` that maps sessions to them.
 
 A DaemonHost starts its daemon as a child process, in a session of its own,
-that dies with it: the kernel sends it SIGTERM when the actor's process ends,
-even by SIGKILL (a node's processes killed at once), and it then finalizes its
-sessions and unlinks its shared memory. (Ray would SIGKILL a worker's children
-with it: :func:`rte.ray.cluster.loopback_environment` turns that off, as
+that dies with it (:mod:`rte.ipc.parentdeath`): the kernel sends it SIGTERM
+when the actor's process ends, even by SIGKILL (a node's processes killed at
+once), and it then finalizes its sessions and unlinks its shared memory.
+(Ray would SIGKILL a worker's children with it:
+:func:`rte.ray.cluster.loopback_environment` turns that off, as
 ``RAY_kill_child_processes_on_worker_exit=0`` does for a cluster started by
 hand.) Callers on the same node attach to that daemon through shared memory,
 by its name, exactly as any local client; for callers elsewhere the host is
@@ -21,14 +22,11 @@ attach them again: the router then admits them elsewhere.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,27 +34,11 @@ import numpy as np
 from rte.client import ShmClient, connect
 from rte.errors import AdmissionError
 from rte.ipc.claims import ClientState
+from rte.ipc.parentdeath import dies_with_this_process
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
 MISSES = 3  # checks a live actor may fail in a row (busy, or its daemon gone) before it is lost
-
-
-# looked up here: a forked child of a threaded process must not dlopen or dlsym
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-_PRCTL.argtypes = [ctypes.c_int, ctypes.c_ulong]
-_PRCTL.restype = ctypes.c_int
-PR_SET_PDEATHSIG = 1
-
-
-def _dies_with(parent: int) -> Callable[[], None]:
-    def die_with_parent() -> None:  # in the child, before exec: no lock taken, nothing loaded
-        if _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:  # it died before the call: no signal will come
-            raise ProcessLookupError(f"the actor's process {parent} is gone")
-
-    return die_with_parent
 
 
 class DaemonHost:
@@ -72,7 +54,7 @@ class DaemonHost:
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 (prctl only: no lock taken)
+            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 (prctl only: no lock taken)
             start_new_session=True,  # a kill of the actor's process group spares it: it cleans up
         )
         client = connect(name, timeout=60)
