@@ -21,26 +21,26 @@ from typing import Any
 import numpy as np
 
 BUCKETS = 100
-_SUB = 4  # buckets per power of two
-_LOW_BITS = 7  # below 2**7 ns: bucket 0
+SUB = 4  # buckets per power of two
+LOW_BITS = 7  # below 2**7 ns: bucket 0
 
 
 def bucket(ns: int) -> int:
     """The bucket of a duration in ns (negative counts as 0)."""
     bits = ns.bit_length() if ns > 0 else 0
-    if bits <= _LOW_BITS:
+    if bits <= LOW_BITS:
         return 0
-    index = _SUB * (bits - _LOW_BITS) + ((ns >> (bits - 3)) & (_SUB - 1))
+    index = SUB * (bits - LOW_BITS) + ((ns >> (bits - 3)) & (SUB - 1))
     return index if index < BUCKETS else BUCKETS - 1
 
 
 def upper_ns(index: int) -> int:
     """The first duration past bucket ``index`` (its upper edge)."""
     if index <= 0:
-        return 1 << _LOW_BITS
-    bits, sub = divmod(index, _SUB)
-    bits += _LOW_BITS
-    return (_SUB + sub + 1) << (bits - 3)
+        return 1 << LOW_BITS
+    bits, sub = divmod(index, SUB)
+    bits += LOW_BITS
+    return (SUB + sub + 1) << (bits - 3)
 
 
 class Histogram:

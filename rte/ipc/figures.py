@@ -1,0 +1,182 @@
+"""Each session's real-time figures, kept where an inspector can read them.
+
+What a user of a session feels, counted by the daemon as it serves (single
+writer: the serve thread) into arrays an inspector maps read-only:
+
+- **time to first chunk**: its ATTACHED to its first chunk emitted;
+- **chunks on time**: a chunk's *tick* is one period after its session's
+  previous chunk; it is on time when it is emitted no later than half a
+  period after that tick (its gap is at most 1.5 periods). The first chunk is
+  on time. The share is on-time chunks over the periods that passed since the
+  first chunk (``owed``), so a session stepped at half its rate has 50% at
+  best. Unpaced, every chunk is on time (there is no tick to miss);
+- **inter-arrival**: the gaps between its chunks, as a histogram
+  (:mod:`rte.ipc.latency` buckets: p50 and p99 are read from it), and the
+  **longest stall** (its longest gap, less one period);
+- **input to photon**: an action received to the first chunk emitted whose
+  receipt (``applied``) is at least its ``seq``; the oldest action not yet
+  applied is the one timed, so it costs two words a session;
+- **reductions**: how often the overload governor lowered its rate.
+
+The arrays are per client slot and session handle, ``(handles, WORDS)``
+words plus two ``(handles, BUCKETS)`` histograms and the session's name,
+so one step's update for one client is a handful of NumPy calls over the
+step's handles, whatever their number. A handle's figures stay readable
+after its session left, until the handle is bound again.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from rte.ipc import latency
+
+NAME_BYTES = 64  # a session's name as shown (longer ones are cut)
+ON_TIME_PERIODS = 1.5
+
+
+class Word(enum.IntEnum):
+    """The figures of one session handle, one int64 word each."""
+
+    LIVE = 0  # 1 while the session is bound to the handle
+    ATTACHED_NS = 1
+    FIRST_NS = 2  # its first chunk's emission (0: none yet)
+    LAST_NS = 3
+    CHUNKS = 4
+    ON_TIME = 5
+    LONGEST_GAP_NS = 6
+    REDUCTIONS = 7
+    PENDING_SEQ = 8  # the oldest action not yet seen applied (0: none)
+    PENDING_NS = 9  # when it was received
+    PHOTONS = 10  # actions timed to their photon
+    PERIOD_NS = 11  # the pace the figures were counted at (0: unpaced)
+
+
+WORDS = 16  # room to grow without moving the histograms
+
+
+def size(handles: int) -> int:
+    """Bytes of one client's figures."""
+    return handles * (8 * WORDS + 2 * 8 * latency.BUCKETS + NAME_BYTES)
+
+
+class SessionFigures:
+    """One client slot's figures over ``buffer`` (``size(handles)`` bytes)."""
+
+    def __init__(self, buffer: Any, handles: int, period_ns: int, readonly: bool = False) -> None:
+        words_end = handles * 8 * WORDS
+        gaps_end = words_end + handles * 8 * latency.BUCKETS
+        photon_end = gaps_end + handles * 8 * latency.BUCKETS
+        raw = np.frombuffer(buffer, np.uint8, count=size(handles))
+        self.words = raw[:words_end].view(np.int64).reshape(handles, WORDS)
+        self.gaps = raw[words_end:gaps_end].view(np.int64).reshape(handles, latency.BUCKETS)
+        self.photons = raw[gaps_end:photon_end].view(np.int64).reshape(handles, latency.BUCKETS)
+        self.names = raw[photon_end:].reshape(handles, NAME_BYTES)
+        if readonly:
+            for a in (self.words, self.gaps, self.photons, self.names):
+                a.flags.writeable = False
+        self.period_ns = period_ns
+        self._late_ns = int(period_ns * ON_TIME_PERIODS) if period_ns else 1 << 62
+
+    # -- the writer (the daemon's serve thread) ---------------------------------
+
+    def bound(self, handle: int, session: str, now_ns: int) -> None:
+        """``session`` took ``handle`` (ATTACHED): its figures start afresh."""
+        self.words[handle] = 0
+        self.gaps[handle] = 0
+        self.photons[handle] = 0
+        name = session.encode("utf-8", "replace")[:NAME_BYTES]
+        self.names[handle] = 0
+        self.names[handle, : len(name)] = np.frombuffer(name, np.uint8)
+        row = self.words[handle]
+        row[Word.ATTACHED_NS] = now_ns
+        row[Word.PERIOD_NS] = self.period_ns
+        row[Word.LIVE] = 1
+
+    def unbound(self, handle: int) -> None:
+        self.words[handle, Word.LIVE] = 0
+
+    def emitted(self, handles: np.ndarray[Any, Any], now_ns: int) -> None:
+        """A step emitted one chunk to each of ``handles`` (distinct) at ``now_ns``."""
+        w = self.words
+        last = w[handles, Word.LAST_NS]
+        first = last == 0
+        gaps = np.where(first, 0, now_ns - last)
+        w[handles, Word.ON_TIME] += gaps <= self._late_ns
+        w[handles, Word.LONGEST_GAP_NS] = np.maximum(w[handles, Word.LONGEST_GAP_NS], gaps)
+        w[handles, Word.LAST_NS] = now_ns
+        w[handles, Word.CHUNKS] += 1
+        if first.any():
+            w[handles[first], Word.FIRST_NS] = now_ns
+        later = handles[~first]
+        if len(later):
+            buckets = _buckets(gaps[~first])
+            np.add.at(self.gaps, (later, buckets), 1)
+
+    def acted(self, handle: int, seq: int, now_ns: int) -> None:
+        """An action ``seq`` of the session was received (timed if none is pending)."""
+        row = self.words[handle]
+        if row[Word.PENDING_SEQ] == 0:
+            row[Word.PENDING_SEQ] = seq
+            row[Word.PENDING_NS] = now_ns
+
+    def applied(self, handles: np.ndarray[Any, Any], seqs: np.ndarray[Any, Any], now: int) -> None:
+        """Chunks emitted at ``now`` to ``handles`` carry receipts ``seqs``."""
+        pending = self.words[handles, Word.PENDING_SEQ]
+        done = (pending > 0) & (seqs >= pending)
+        if not done.any():
+            return
+        which = handles[done]
+        waited = now - self.words[which, Word.PENDING_NS]
+        np.add.at(self.photons, (which, _buckets(waited)), 1)
+        self.words[which, Word.PHOTONS] += 1
+        self.words[which, Word.PENDING_SEQ] = 0
+
+    def reduced(self, handle: int) -> None:
+        self.words[handle, Word.REDUCTIONS] += 1
+
+    # -- the readers ------------------------------------------------------------
+
+    def session(self, handle: int, now_ns: int) -> dict[str, Any]:
+        """One handle's figures as a plain dict (for ``rte inspect --json``)."""
+        row = [int(v) for v in self.words[handle]]
+        name = bytes(self.names[handle]).rstrip(b"\0").decode("utf-8", "replace")
+        period = row[Word.PERIOD_NS]
+        first, last, chunks = row[Word.FIRST_NS], row[Word.LAST_NS], row[Word.CHUNKS]
+        end = now_ns if row[Word.LIVE] else last
+        owed = 1 + (end - first) // period if period and first else chunks
+        gaps = latency.percentiles_us(self.gaps[handle].astype(np.int64), (50, 99))
+        photon = latency.percentiles_us(self.photons[handle].astype(np.int64), (50, 95))
+        longest = max(0, row[Word.LONGEST_GAP_NS] - period) if chunks > 1 else 0
+        return {
+            "session": name,
+            "live": bool(row[Word.LIVE]),
+            "chunks": chunks,
+            "ttfc_ms": (first - row[Word.ATTACHED_NS]) / 1e6 if first else None,
+            "on_time_pct": 100.0 * min(1.0, row[Word.ON_TIME] / owed) if owed else None,
+            "gap_p50_ms": gaps[0] / 1e3 if gaps else None,
+            "gap_p99_ms": gaps[1] / 1e3 if gaps else None,
+            "longest_stall_ms": longest / 1e6,
+            "photon_p50_ms": photon[0] / 1e3 if photon else None,
+            "photon_p95_ms": photon[1] / 1e3 if photon else None,
+            "reductions": row[Word.REDUCTIONS],
+        }
+
+    def sessions(self, now_ns: int) -> list[dict[str, Any]]:
+        """Every handle that has served a session (live ones first)."""
+        used = np.flatnonzero(self.words[:, Word.ATTACHED_NS] > 0)
+        out = [self.session(int(h), now_ns) for h in used]
+        return sorted(out, key=lambda s: not s["live"])
+
+
+def _buckets(ns: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`rte.ipc.latency.bucket` over an int64 array, in a few NumPy calls."""
+    ns = np.maximum(np.asarray(ns, np.int64), 1)
+    bits = np.frexp(ns.astype(np.float64))[1].astype(np.int64)  # bit_length, exact below 2**53
+    sub = (ns >> np.maximum(bits - 3, 0)) & (latency.SUB - 1)
+    index = latency.SUB * (bits - latency.LOW_BITS) + sub
+    index[bits <= latency.LOW_BITS] = 0
+    return np.minimum(index, latency.BUCKETS - 1)
