@@ -666,3 +666,32 @@ def test_a_frame_the_protocol_forbids_ends_that_tab_alone(
 
     asyncio.run(asyncio.wait_for(main(), 120))
     assert "Traceback" not in play.said(), play.said()
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigkilled_play_s_daemon_stops_and_unlinks_everything() -> None:
+    play = Play("--max-sessions", "2", "--model", "null")
+    daemon = summary(play.daemon)["pid"]
+    try:
+        play.stop(signal.SIGKILL)  # no finally of its runs
+        deadline = time.monotonic() + 20
+        while not ended(daemon) or DaemonNames(play.daemon).leftovers():
+            assert time.monotonic() < deadline, (
+                f"the daemon of a killed rte play: ended {ended(daemon)}, "
+                f"left {DaemonNames(play.daemon).leftovers()}"
+            )
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it served on: not after us
+            os.kill(daemon, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not ended(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        DaemonNames(play.daemon).remove_leftovers()

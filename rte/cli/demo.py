@@ -6,7 +6,8 @@ at night...) and walking its own way, streams for a few seconds while
 steering them, shows per-session chunks/s and chunk latency (generated in the
 daemon to received here), optionally writes a PNG contact sheet of the first
 frames of each walk (labelled by session, prompt and direction), and shuts
-everything down, leaving nothing in /dev/shm.
+everything down, leaving nothing in /dev/shm. A demo killed any other way,
+SIGKILL included, stops its daemon too (:mod:`rte.ipc.parentdeath`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rte.client import EngineClient, connect
 from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
+from rte.ipc.parentdeath import dies_with_this_process
 
 CONNECT_TIMEOUT_S = 60.0
 DEFAULT_MODEL = "world"
@@ -74,7 +76,9 @@ def demo(args: argparse.Namespace) -> int:
         command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
         command += ["--max-sessions", str(max(args.sessions, 1))]
         command += ["--device", args.device] if args.device else []
-        daemon = subprocess.Popen(command, stderr=said)
+        # dies with us, SIGKILL included (we launch it from the main thread)
+        tie = dies_with_this_process()
+        daemon = subprocess.Popen(command, stderr=said, preexec_fn=tie)  # noqa: PLW1509
     try:
         with _connect(name, daemon, said) as client:
             sheet, interrupted = _stream(client, args.sessions, args.seconds, png is not None)

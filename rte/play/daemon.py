@@ -5,6 +5,8 @@ SIGTERM at the end (killed, and its leftovers removed, if it will not go).
 The child runs in a session of its own, so a Ctrl-C at the terminal reaches
 ``rte play`` alone, which detaches its tabs' sessions before it stops the
 daemon; its stderr goes to a file, whose last line explains a failed start.
+An ``rte play`` that dies any other way, SIGKILL included, stops it too: the
+kernel sends it SIGTERM (:mod:`rte.ipc.parentdeath`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rte.client import AsyncClient, connect_async
 from rte.errors import EngineGone
 from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
+from rte.ipc.parentdeath import dies_with_this_process
 
 START_TIMEOUT_S = 60.0  # a model may take a while to load
 STOP_TIMEOUT_S = 30.0
@@ -38,8 +41,12 @@ class LaunchedDaemon:
         command += ["--max-sessions", str(max_sessions), "--pace-hz", str(pace_hz)]
         command += ["--device", device] if device else []
         self._said: IO[str] = child_log()  # closed in stop
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stderr=self._said, start_new_session=True
+        self.process = subprocess.Popen(  # made on the main thread, which lives as we do
+            command,
+            stdin=subprocess.DEVNULL,
+            stderr=self._said,
+            start_new_session=True,
+            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 (prctl only: no lock taken)
         )
 
     async def connect(self) -> AsyncClient:
