@@ -1,156 +1,455 @@
-"""Random clients against one daemon, round after round: the daemon lives, a
+"""Random clients against real daemons, round after round: the daemons live, a
 bystander streams on without a gap, and everything returns to its baseline.
 
-Each round starts a few client processes doing random things (valid and invalid
-requests, held and released chunks, closes and reconnects); some are killed
-mid-way, some stopped and continued. After each round, with the round's clients
-gone, the daemon must hold exactly what it held before: client slots, rows,
-slab slots, /dev/shm objects, file descriptors, and memory within a margin.
-A short form runs by default; ``pytest -m soak`` runs the long one.
+Each round starts a few client processes doing random things, valid and
+invalid (tests/daemon_workers.py's plain client; tests/chaos_actors.py's loans
+and frames by value, asyncio clients, pools): some are killed mid-way, some
+stopped and continued. Three arenas: one daemon; a pool over two daemons, one
+of which is SIGKILLed mid-round and started again; ``rte serve --replicas 2``
+with a child SIGKILLed (the supervisor restarts it). After each round, with the
+round's clients gone, every surviving daemon holds exactly what it held before
+(client slots and their rows, slab slots, input slots, the objects in /dev/shm
+FIFOs included, the daemon's file descriptors, its memory within a margin), a
+restarted one exactly what it held when new, and the bystander (a steady
+client in its own process) saw every chunk of its sessions, each its own.
+
+The randomness is seeded: a failure says the seed and round, and
+``RTE_CHAOS_SEED=S RTE_CHAOS_ROUND=N`` replays from that round. A short form
+runs by default; ``pytest -m soak`` runs the long one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing
 import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
+import chaos_actors
 import daemon_workers
 import psutil
 import pytest
+from chaos_actors import tag_for
 from daemon_harness import DaemonProcess, leftovers, wait_for
+from test_supervisor import pid_of, until_ready
 
-from rte.ipc.claims import ClientState
-from rte.ipc.control import Control
-from rte.ipc.names import DaemonNames
-from shm import Segment, Slab
-from shm.segment import HEADER_SIZE
+from rte.client import ShmClient
+from rte.ipc.inspect import snapshot
+from shm.names import objects, shm_name
 
 SPAWN = multiprocessing.get_context("spawn")
 ROUND_S = 1.0
+SEED = int(os.environ.get("RTE_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
+FIRST_ROUND = int(os.environ.get("RTE_CHAOS_ROUND") or 0)
+STEADY = 10**9  # the bystander's sessions' owner numbers (see chaos_actors.tag_for)
+SMALL_DAEMON = ("--max-clients", "6", "--slab-slots", "24", "--ring-kib", "16")
+SMALL_DAEMON += ("--idle-limit-s", "1.5")
 
 
-class Watch:
-    """Read-only views of the daemon's table and slab, for the baseline checks."""
-
-    def __init__(self, name: str) -> None:
-        names = DaemonNames(name)
-        self.control_segment = Segment.open(names.control, readonly=True)
-        self.control = Control(self.control_segment)
-        self.slab_segment = Segment.open(names.slab, readonly=True)
-        self.slab = Slab(self.slab_segment, HEADER_SIZE)
-
-    def state(self) -> tuple[list[tuple[int, ClientState, int]], int]:
-        clients = [(c.index, c.state, c.sessions) for c in self.control.table.entries()]
-        return [c for c in clients if c[1] is not ClientState.FREE], self.slab.statistics().held
-
-    def close(self) -> None:
-        self.slab_segment.close()
-        self.control_segment.close()
+def rounds(count: int) -> Iterator[tuple[int, random.Random]]:
+    """Round numbers and each round's rng, from :data:`SEED`; a failure in a round
+    says how to replay it."""
+    print(f"chaos seed {SEED} (replay: RTE_CHAOS_SEED={SEED})")  # shown on any failure
+    for number in range(FIRST_ROUND, FIRST_ROUND + count):
+        yield number, random.Random(f"{SEED}:{number}")
 
 
-class Bystander:
-    """One session streamed throughout; every chunk index is kept."""
+@contextlib.contextmanager
+def replaying(number: int) -> Iterator[None]:
+    try:
+        yield
+    except BaseException as exc:
+        exc.add_note(
+            f"chaos round {number} of seed {SEED}: replay it with "
+            f"RTE_CHAOS_SEED={SEED} RTE_CHAOS_ROUND={number}"
+        )
+        raise
 
-    def __init__(self, daemon: DaemonProcess) -> None:
-        self.client = daemon.client()
-        self.client.attach("steady")
-        self.seen: list[int] = []
 
-    def drain(self, seconds: float) -> None:
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            chunk = self.client.poll(timeout=0.02)
-            if chunk is not None:
-                with chunk:
-                    self.seen.append(chunk.chunk)
+# -- what a daemon holds ----------------------------------------------------------
+
+
+def holdings(name: str) -> tuple[list[tuple[int, str, int]], set[str], set[str]]:
+    """Daemon ``name``'s client slots (index, state, rows), and the owners of its
+    held slab slots and held input slots (read from its shared memory)."""
+    seen = snapshot(name)
+    table = sorted((c["index"], c["state"], c["sessions"]) for c in seen["clients"])
+    slab = set((seen["slab"] or {}).get("held_by_client", {}))
+    inputs = set((seen["inputs"] or {}).get("held_by_client", {}))
+    return table, slab, inputs
+
+
+@dataclass
+class Baseline:
+    """What a daemon holds with only the bystander attached, to come back to."""
+
+    name: str
+    pid: int
+    table: list[tuple[int, str, int]] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
+    fds: int = 0
+    rss: int = 0
+
+    @classmethod
+    def of(cls, name: str, pid: int) -> Baseline:
+        process = psutil.Process(pid)
+        table, _, _ = holdings(name)
+        return cls(name, pid, table, leftovers(name), process.num_fds(), process.memory_info().rss)
+
+    def settled(self) -> bool:
+        table, slab, inputs = holdings(self.name)
+        ours = {str(index) for index, _, _ in self.table}  # the bystander's slots only
+        return table == self.table and slab <= ours and inputs <= ours
+
+    def check(self, where: str) -> None:
+        """Back to the baseline (waits for the dead clients to be reaped)."""
+        wait_for(self.settled, timeout=20, what=f"{where}: {self.name} back to {self.table}")
+        assert leftovers(self.name) == self.objects, f"{where}: /dev/shm objects of {self.name}"
+        process = psutil.Process(self.pid)
+        assert process.num_fds() <= self.fds + 2, f"{where}: {self.name} leaks descriptors"
+        grown = process.memory_info().rss - self.rss
+        assert grown < 64 << 20, f"{where}: {self.name} grew {grown / 2**20:.0f} MiB"
+
+
+# -- the bystander and the round's workers ------------------------------------------
+
+
+class Steady:
+    """The bystander: tests/chaos_actors.py's ``bystander`` in a process of its own."""
+
+    def __init__(self, name: str, *, null_model: bool) -> None:
+        self.name = name
+        self.conditioning = {  # a null model's chunks say whose they are
+            f"steady-{k}": {"tag": tag_for(STEADY + k, 0)} if null_model else {"move": (1, 0)}
+            for k in range(2)
+        }
+        self.conn, theirs = SPAWN.Pipe()
+        self.process = SPAWN.Process(
+            target=chaos_actors.bystander, args=(name, self.conditioning, theirs), daemon=True
+        )
+        self.process.start()
+        assert self.conn.poll(60), "the bystander did not attach"
+        self.index = self.conn.recv()
+        self.chunks = dict.fromkeys(self.conditioning, 0)
+
+    def report(self, command: str = "report") -> dict[str, Any]:
+        assert self.process.is_alive(), f"the bystander died ({self.process.exitcode})"
+        self.conn.send(command)
+        assert self.conn.poll(30), "the bystander does not answer"
+        report: dict[str, Any] = self.conn.recv()
+        return report
+
+    def check(self, where: str) -> None:
+        """No gap, no notice, no error, no chunk of another's, and more chunks."""
+        report = self.report()
+        undisturbed = {k: report[k] for k in ("gaps", "wrong", "notices", "errors")}
+        assert not any(undisturbed.values()), f"{where}: the bystander saw {undisturbed}"
+        stalled = [s for s, n in report["chunks"].items() if n <= self.chunks[s]]
+        assert not stalled, f"{where}: the bystander's {stalled} made no chunk ({report['chunks']})"
+        self.chunks = report["chunks"]
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(AssertionError, OSError, EOFError):
+                self.report("stop")
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+
+
+@dataclass
+class Worker:
+    kind: str
+    args: tuple[Any, ...]
+    process: Any = None
+    fate: str = "ran"
+
+
+def play(
+    workers: list[Worker], rng: random.Random, middle: Callable[[random.Random], None] | None
+) -> None:
+    """Start ``workers``, fault them at random moments (at least one SIGKILLed),
+    run ``middle`` meanwhile; then every worker not killed must end well."""
+    targets = {
+        "plain": daemon_workers.chaos,
+        "inputs": chaos_actors.inputs_chaos,
+        "async": chaos_actors.async_chaos,
+        "pool": chaos_actors.pool_chaos,
+    }
+    for worker in workers:
+        worker.process = SPAWN.Process(target=targets[worker.kind], args=worker.args, daemon=True)
+        worker.process.start()
+    fates = [rng.choice(["kill", "stop", "ran", "ran"]) for _ in workers]
+    fates[rng.randrange(len(workers))] = "kill"
+    time.sleep(ROUND_S * rng.uniform(0.3, 0.6))
+    if middle is not None:
+        middle(rng)
+    for worker, fate in zip(workers, fates, strict=True):
+        if fate == "kill":
+            os.kill(worker.process.pid, signal.SIGKILL)
+        elif fate == "stop":
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            time.sleep(0.2)
+            os.kill(worker.process.pid, signal.SIGCONT)
+        worker.fate = fate
+    for worker in workers:
+        worker.process.join(ROUND_S + 15)
+    hung = [w for w in workers if w.process.is_alive()]
+    for worker in hung:
+        worker.process.kill()
+        worker.process.join(10)
+    failed = [
+        f"{w.kind}{w.args[1:]} ({w.fate}) exited with {w.process.exitcode}"
+        for w in workers
+        if w.process.exitcode != (-signal.SIGKILL if w.fate == "kill" else 0)
+    ]
+    assert not hung and not failed, f"workers hung {[w.kind for w in hung]} or failed {failed}"
+
+
+# -- one daemon -------------------------------------------------------------------
 
 
 @pytest.fixture
-def arena(shm_prefix: str) -> Iterator[tuple[DaemonProcess, Bystander, Watch]]:
-    d = DaemonProcess(
-        shm_prefix,
-        *("--max-sessions", "10", "--max-clients", "6", "--slab-slots", "24"),
-        *("--ring-kib", "16", "--idle-limit-s", "1.5"),
-    )
-    bystander = Bystander(d)
-    watch = Watch(d.name)
-    yield d, bystander, watch
-    watch.close()
-    bystander.client.close()
+def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(shm_prefix, "--max-sessions", "10", *SMALL_DAEMON)
+    yield d
     assert d.stop() == 0, d.stderr
     assert leftovers(shm_prefix) == []
 
 
-def _round(daemon: DaemonProcess, bystander: Bystander, rng: random.Random, number: int) -> None:
-    workers = [
-        SPAWN.Process(
-            target=daemon_workers.chaos, args=(daemon.name, number * 10 + k, ROUND_S), daemon=True
-        )
-        for k in range(rng.randint(2, 4))
-    ]
-    for worker in workers:
-        worker.start()
-    bystander.drain(ROUND_S * rng.uniform(0.3, 0.7))
-    for worker in workers:  # faults of every kind, at random moments
-        assert worker.pid is not None
-        fate = rng.random()
-        if fate < 0.3:
-            os.kill(worker.pid, signal.SIGKILL)
-        elif fate < 0.5:
-            os.kill(worker.pid, signal.SIGSTOP)
-            bystander.drain(0.2)
-            os.kill(worker.pid, signal.SIGCONT)
-    end = time.monotonic() + ROUND_S + 10
-    while any(w.is_alive() for w in workers) and time.monotonic() < end:
-        bystander.drain(0.05)
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
-        worker.join(10)
-
-
-def _run(arena: tuple[DaemonProcess, Bystander, Watch], rounds: int) -> None:
-    daemon, bystander, watch = arena
-    bystander.drain(0.3)
-    baseline = watch.state()
-    process = psutil.Process(daemon.pid)
-    fds, rss = process.num_fds(), process.memory_info().rss
-    objects = leftovers(daemon.name)
-    rng = random.Random(20261129)
-    for number in range(rounds):
-        _round(daemon, bystander, rng, number)
-        assert daemon.process.poll() is None, daemon.said()
-
-        def settled() -> bool:
-            bystander.drain(0.05)
-            table, held = watch.state()
-            return table == baseline[0] and held <= watch.slab.quota  # the bystander's alone
-
-        wait_for(settled, timeout=20, what=f"round {number}: the table back to {baseline}")
-        assert process.num_fds() <= fds + 2, f"round {number}: file descriptors leak"
-        assert leftovers(daemon.name) == objects
-        grown = process.memory_info().rss - rss
-        assert grown < 64 << 20, f"round {number}: the daemon grew {grown / 2**20:.0f} MiB"
-    seen = bystander.seen
-    assert seen == list(range(seen[0], seen[0] + len(seen))), "the bystander saw a gap"
-    assert len(seen) > 10 * rounds
-    counters = watch.control.counters()  # the rounds really did something
-    assert counters["requests"] > 20 * rounds and counters["errors"] > 0, counters
-    assert counters["dead_clients_reaped"] > 0, counters
+def run_one_daemon(daemon: DaemonProcess, count: int, hostile: str | None = None) -> None:
+    """Plain, loaning and asyncio clients at random against one daemon."""
+    steady = Steady(daemon.name, null_model=False)
+    try:
+        time.sleep(0.3)
+        baseline = Baseline.of(daemon.name, daemon.pid)
+        for number, rng in rounds(count):
+            with replaying(number):
+                kinds = ["plain", "inputs", "async", rng.choice(["plain", "inputs", "async"])]
+                workers = []
+                for k, kind in enumerate(kinds[: rng.randint(3, 4)]):
+                    seed = rng.randrange(1 << 32)
+                    if kind == "plain":
+                        args: tuple[Any, ...] = (daemon.name, seed // 10 * 10 + k, ROUND_S)
+                    else:
+                        args = (daemon.name, number * 10 + k, seed, ROUND_S, hostile)
+                    workers.append(Worker(kind, args))
+                play(workers, rng, None)
+                assert daemon.process.poll() is None, daemon.said()
+                baseline.check(f"round {number}")
+                steady.check(f"round {number}")
+        counters = snapshot(daemon.name)["counters"]  # the rounds really did something
+        assert counters["requests"] > 20 * count and counters["errors"] > 0, counters
+        assert counters["dead_clients_reaped"] > 0, counters
+    finally:
+        steady.stop()
 
 
 @pytest.mark.timeout(300)
-def test_random_clients_never_hurt_the_daemon_or_a_bystander(
-    arena: tuple[DaemonProcess, Bystander, Watch],
-) -> None:
-    _run(arena, rounds=5)
+def test_random_clients_never_hurt_the_daemon_or_a_bystander(daemon: DaemonProcess) -> None:
+    run_one_daemon(daemon, count=4)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
-def test_random_clients_soak(arena: tuple[DaemonProcess, Bystander, Watch]) -> None:
-    _run(arena, rounds=200)
+def test_random_clients_soak(daemon: DaemonProcess) -> None:
+    run_one_daemon(daemon, count=200)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(
+            "loan-shapes",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 20 item 2: a loan of a negative or zero dimension"
+            ),
+        ),
+        pytest.param(
+            "arguments",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 20 item 4: struct.error/TypeError from bad arguments"
+            ),
+        ),
+        pytest.param(
+            "held-views",
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 20 item 1: a held chunk read after close segfaults"
+            ),
+        ),
+    ],
+)
+def test_hostile_clients_among_random_ones(daemon: DaemonProcess, hostile: str) -> None:
+    """The same rounds with a kind of abuse mixed into the loaning and asyncio
+    clients: each abusive call is refused with an rte error or does no harm."""
+    run_one_daemon(daemon, count=2, hostile=hostile)
+
+
+# -- a pool over two daemons, one killed each round ---------------------------------
+
+
+@dataclass
+class Pair:
+    """Two daemons for a pool: ``stays`` (with the bystander) and ``dies``."""
+
+    prefix: str
+    daemons: dict[str, DaemonProcess] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}p-0", f"{self.prefix}p-1"]
+
+    def kill_and_restart(self, rng: random.Random) -> None:
+        """SIGKILL the daemon that dies; a moment later, start it again."""
+        dies = self.names[1]
+        self.daemons[dies].kill()
+        time.sleep(rng.uniform(0.1, 0.4))
+        self.start(dies)
+
+    def start(self, name: str) -> DaemonProcess:
+        d = DaemonProcess(name, "--model", "null", "--max-sessions", "8", *SMALL_DAEMON)
+        self.daemons[name] = d
+        d.client().close()  # up
+        return d
+
+
+@pytest.fixture
+def pair(shm_prefix: str) -> Iterator[Pair]:
+    pair = Pair(shm_prefix)
+    try:
+        for name in pair.names:
+            pair.start(name)
+        yield pair
+    finally:
+        codes = {}
+        for name, d in pair.daemons.items():
+            codes[name] = d.stop()
+            codes[name] = 0 if codes[name] == 0 else (codes[name], d.stderr[-2000:])
+        assert list(codes.values()) == [0, 0], codes
+        assert objects(shm_name(shm_prefix)) == []
+
+
+def run_pool(pair: Pair, count: int, hostile: str | None = None) -> None:
+    stays, dies = pair.names
+    steady = Steady(stays, null_model=True)
+    try:
+        time.sleep(0.3)
+        baseline = Baseline.of(stays, pair.daemons[stays].pid)
+        fresh = leftovers(dies)
+        for number, rng in rounds(count):
+            with replaying(number):
+                workers = [
+                    Worker("pool", (pair.names, number * 10 + k, rng.randrange(1 << 32), ROUND_S))
+                    for k in range(rng.randint(2, 3))
+                ]
+                for worker in workers:
+                    worker.args += (hostile,)
+                play(workers, rng, pair.kill_and_restart)
+                assert pair.daemons[stays].process.poll() is None, pair.daemons[stays].said()
+                baseline.check(f"round {number}")
+                steady.check(f"round {number}")
+                wait_for(lambda: holdings(dies)[0] == [], what=f"round {number}: {dies} empty")
+                assert leftovers(dies) == fresh, f"round {number}: what {dies} holds when new"
+    finally:
+        steady.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_over_two_daemons_one_killed_each_round(pair: Pair) -> None:
+    run_pool(pair, count=3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(
+    strict=True, reason="issue 20 item 1: a held chunk of a lost pool member segfaults"
+)
+def test_a_pool_whose_clients_read_chunks_held_from_the_killed_daemon(pair: Pair) -> None:
+    run_pool(pair, count=2, hostile="held-views")
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+def test_a_pool_soak(pair: Pair) -> None:
+    run_pool(pair, count=100)
+
+
+# -- a supervisor, one child killed each round --------------------------------------
+
+
+@pytest.fixture
+def supervisor(shm_prefix: str) -> Iterator[DaemonProcess]:
+    name = f"{shm_prefix}s"
+    d = DaemonProcess(name, "--replicas", "2", "--model", "null", "--max-sessions", "8")
+    try:
+        until_ready(d)
+        yield d
+    finally:
+        code = d.stop()
+        assert code == 0, d.stderr
+        assert objects(shm_name(name)) == [], "a replica left its shared memory"
+
+
+def kill(pid: int, _: random.Random) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def run_supervised(supervisor: DaemonProcess, count: int) -> None:
+    stays, dies = f"{supervisor.name}-0", f"{supervisor.name}-1"
+    steady = Steady(stays, null_model=True)
+    try:
+        time.sleep(0.3)
+        stays_pid = pid_of(stays)
+        assert stays_pid is not None
+        baseline = Baseline.of(stays, stays_pid)
+        parent = psutil.Process(supervisor.pid)
+        fds, rss = parent.num_fds(), parent.memory_info().rss
+        fresh = leftovers(dies)
+        for number, rng in rounds(count):
+            with replaying(number):
+                workers = [
+                    Worker(
+                        "pool",
+                        ([supervisor.name], number * 10 + k, rng.randrange(1 << 32), ROUND_S, None),
+                    )
+                    for k in range(rng.randint(2, 3))
+                ]
+                killed = pid_of(dies)
+                assert killed is not None, supervisor.said()
+                play(workers, rng, functools.partial(kill, killed))
+                limit = time.monotonic() + 30
+                while pid_of(dies) in (None, killed):
+                    assert time.monotonic() < limit, supervisor.said()
+                    time.sleep(0.05)
+                ShmClient(dies, timeout=30).close()  # it serves again
+                assert f"{dies} (pid {killed}) exited with -9; restarting" in supervisor.said()
+                assert supervisor.process.poll() is None, supervisor.said()
+                assert stays_pid == pid_of(stays), f"round {number}: {stays} was restarted"
+                baseline.check(f"round {number}")
+                steady.check(f"round {number}")
+                wait_for(lambda: holdings(dies)[0] == [], what=f"round {number}: {dies} empty")
+                assert leftovers(dies) == fresh, f"round {number}: what {dies} holds when new"
+                assert len(parent.children()) == 2, f"round {number}: {parent.children()}"
+                assert parent.num_fds() <= fds + 2, f"round {number}: the supervisor leaks fds"
+                grown = parent.memory_info().rss - rss
+                assert grown < 32 << 20, f"round {number}: the supervisor grew {grown >> 20} MiB"
+    finally:
+        steady.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_supervisor_whose_child_is_killed_each_round(supervisor: DaemonProcess) -> None:
+    run_supervised(supervisor, count=2)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+def test_a_supervisor_soak(supervisor: DaemonProcess) -> None:
+    run_supervised(supervisor, count=50)
