@@ -261,3 +261,49 @@ def test_an_idle_daemons_counters_count_every_step_it_made(shm_prefix: str) -> N
             held.release()
     finally:
         assert d.stop() == 0
+
+
+def test_two_hundred_scrapes_at_once_are_all_answered_by_a_few_threads(
+    shm_prefix: str,
+) -> None:
+    """A burst of scrapes waits in the listen queue, never in the kernel's SYN retries
+    (1 s, 3 s, 7 s...: some waited a minute with a queue of 5), and is served by a
+    bounded set of threads, not a thread per connection."""
+    import asyncio  # noqa: PLC0415
+
+    import psutil  # noqa: PLC0415
+
+    d = DaemonProcess(shm_prefix, "--model", "null", "--metrics-port", "0")
+    try:
+        d.client().close()  # ready
+        (port,) = re.findall(r"metrics=http://127\.0\.0\.1:(\d+)/metrics", d.said())
+        daemon = psutil.Process(d.pid)
+        before = daemon.num_threads()
+        most = [before]
+
+        async def scrape() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(port))
+            writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+        async def count_threads(done: asyncio.Event) -> None:
+            while not done.is_set():
+                most[0] = max(most[0], daemon.num_threads())
+                await asyncio.sleep(0.01)
+
+        async def burst() -> list[bytes]:
+            done = asyncio.Event()
+            counting = asyncio.create_task(count_threads(done))
+            try:
+                return await asyncio.wait_for(asyncio.gather(*(scrape() for _ in range(200))), 20)
+            finally:
+                done.set()
+                await counting
+
+        answers = asyncio.run(burst())
+    finally:
+        assert d.stop() == 0
+    assert all(a.startswith(b"HTTP/1.0 200 ") for a in answers), {a[:40] for a in answers}
+    assert most[0] - before <= 8, f"{most[0] - before} threads more for 200 scrapes"

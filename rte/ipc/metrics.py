@@ -9,12 +9,23 @@ emitted-to-pushed delivery times, with one bucket per power of two of the
 log-linear buckets it keeps (:mod:`rte.ipc.latency`), in seconds.
 
 ``rte serve --metrics-port PORT`` also serves it at
-``http://127.0.0.1:PORT/metrics`` (:func:`serve_metrics`): a thread that reads
-the segments as ``rte inspect`` does, on loopback only.
+``http://127.0.0.1:PORT/metrics`` (:func:`serve_metrics`), on loopback only,
+reading the segments as ``rte inspect`` does, with a bounded cost under any
+load: a burst of connections waits in a listen queue of :data:`BACKLOG` (the
+default of 5 sent the rest into the kernel's SYN retries, 1 s, 3 s, 7 s...: a
+burst of 200 scrapes had some wait a minute); the accepting thread hands each
+to a queue of at most :data:`WAITING` that :data:`WORKERS` threads answer (never
+a thread per connection); past that bound a connection is answered 503 at once
+and closed; a client that has not sent its request in :data:`REQUEST_TIMEOUT_S`
+is dropped, so an idle connection holds a worker that long at most.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import queue
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,6 +36,12 @@ from rte.ipc import latency
 from rte.ipc.inspect import snapshot
 
 PREFIX = "rte_"
+BACKLOG = 256  # connections the kernel holds for us to accept
+WAITING = 256  # connections accepted, waiting for a worker; past it: 503 at once
+WORKERS = 4
+REQUEST_TIMEOUT_S = 2.0  # a scraper sends its request at once
+BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+log = logging.getLogger("rte.metrics")
 COUNTERS = {  # the daemon's counter -> (metric, help)
     "chunks": ("chunks_total", "Chunks delivered to clients."),
     "steps": ("steps_total", "Engine steps run."),
@@ -124,12 +141,69 @@ def _escape(text: str) -> str:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def serve_metrics(name: str, port: int) -> ThreadingHTTPServer:
+class MetricsServer(ThreadingHTTPServer):
+    """An HTTP server with a listen queue of :data:`BACKLOG` whose connections
+    :data:`WORKERS` threads answer (see the module's docstring)."""
+
+    request_queue_size = BACKLOG
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(WAITING)
+        self._workers = [
+            threading.Thread(target=self._work, name=f"rte-metrics-{i}", daemon=True)
+            for i in range(WORKERS)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accepting thread: queue it for a worker, or say 503 and close."""
+        try:
+            self._waiting.put_nowait((request, client_address))
+        except queue.Full:
+            with contextlib.suppress(OSError):
+                request.setblocking(False)  # a new socket's buffer takes these bytes
+                request.send(BUSY)
+            self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while (item := self._waiting.get()) is not None:
+            request, address = item
+            try:
+                self.finish_request(request, address)
+            except Exception:
+                self.handle_error(request, address)
+            finally:
+                self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that went away mid-answer is not news: one debug line."""
+        log.debug("metrics: a scrape from %s failed", client_address, exc_info=True)
+
+    def server_close(self) -> None:
+        """Close the socket, drop what waits, and end the workers."""
+        super().server_close()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._waiting.get_nowait()
+                if item is not None:
+                    self.shutdown_request(item[0])
+        for _ in self._workers:
+            self._waiting.put(None)
+        for worker in self._workers:
+            worker.join(REQUEST_TIMEOUT_S + 5.0)
+
+
+def serve_metrics(name: str, port: int) -> MetricsServer:
     """Serve daemon ``name``'s metrics at ``/metrics`` on 127.0.0.1:``port`` (0: any
-    free port; ``server.server_address`` says which) from a daemon thread. Stop it
+    free port; ``server.server_address`` says which) from daemon threads. Stop it
     with ``shutdown()`` then ``server_close()``."""
 
     class Metrics(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S
+
         def do_GET(self) -> None:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404, "only /metrics is here")
@@ -148,7 +222,6 @@ def serve_metrics(name: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             return None  # a scrape every few seconds is not news
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Metrics)
-    server.daemon_threads = True
+    server = MetricsServer(("127.0.0.1", port), Metrics)
     threading.Thread(target=server.serve_forever, name="rte-metrics", daemon=True).start()
     return server
