@@ -14,13 +14,16 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
 * **The common step.** A due list resolves to a cached plan; the same due list
   again decodes last step's HOT batch whole: no per-row bookkeeping.
 * **Bystander isolation.** A changed heavy key sends its row through ENCODE
-  (asynchronous); the row sits out until the encode completes, then rejoins
-  with the new value. Other rows keep advancing meanwhile.
-* **Failure boundary.** A failure in seed or any stage propagates only after
-  every lane is drained, and the in-flight output is discarded: nothing is ever
-  emitted stale or twice; a gap in a session's chunk indices marks discarded
-  chunks. A failed detach leaves its session attached (to retry). A device that
-  stays failed (a sticky CUDA error) ends the engine: :class:`EngineFault`.
+  (asynchronous, :mod:`rte.encodes`); the row sits out until the encode
+  completes, then rejoins with the new value. Other rows keep advancing meanwhile.
+* **A session's own failure.** A seed or encode that fails for one session
+  (each row of a failed batch is retried alone, to find whose) detaches it
+  alone, its row freed; it is FAILED until detached (:mod:`rte.outcomes`).
+* **Failure boundary.** Any other failure (a stage, a detach) propagates only
+  after every lane is drained, and the in-flight output is discarded: nothing is
+  ever emitted stale or twice; a gap in a session's chunk indices marks
+  discarded chunks. A failed detach leaves its session attached (to retry). A
+  device that stays failed (a sticky CUDA error) ends the engine: :class:`EngineFault`.
 
 Every method is called from one thread, the stepping thread.
 """
@@ -35,9 +38,11 @@ from typing import Any
 import numpy as np
 
 from rte.arena import Plan, Row
-from rte.contract import Action, Manifest, ResultKind, StepResult, Timing
+from rte.contract import Action, Manifest, StepResult
+from rte.encodes import Encodes
 from rte.errors import AdmissionError, EngineClosedError, EngineFault, UnknownSessionError
 from rte.lanes import Lane, Lanes, LanesFault, make_lanes
+from rte.outcomes import emitted_by_row, report_failed, step_results
 from rte.stages import (
     Batch,
     HeapAllocator,
@@ -45,7 +50,7 @@ from rte.stages import (
     OutputAllocator,
     StageModel,
     check_conditioning,
-    chunk_results,
+    check_session_id,
 )
 
 _MISSING = object()
@@ -102,6 +107,8 @@ class ComposedEngine:
         self._plan: Plan | None = None
         self._closed = False
         self._fault: LanesFault | None = None  # the device failed: every call refused
+        self._failed: dict[str, str] = {}  # detached by their own failure, not yet told: why
+        self._encodes = Encodes(self.lanes, self._encode, self._batch)
 
     # -- Level 1 ----------------------------------------------------------
 
@@ -123,7 +130,9 @@ class ComposedEngine:
                 f"session {session!r} refused: all {len(self._rows)} rows are in use; "
                 "detach a session or retry later"
             )
+        check_session_id(session)
         check_conditioning(self._model, self._keys, conditioning or {})
+        self._failed.pop(session, None)  # failed and not detached: it starts again
         row = Row(free, session, copy.deepcopy(dict(conditioning or {})))
         self._rows[free] = row
         self._by_session[session] = row
@@ -147,7 +156,10 @@ class ComposedEngine:
             if not self._quiet:
                 self._arm()
                 self._settle_encodes()
-                self._start_encodes(rows)
+                if self._failed:  # a row whose own seed or encode failed this step left
+                    rows = [r for r in rows if r.session not in self._failed]
+                if self._encodes.start(rows):
+                    self._gen += 1
                 self._quiet = not any(not r.armed or r.encoding or r.staged for r in self._live())
             plan = self._plan_for(key, rows, rejected)
             decoded = self._advance(plan, started)
@@ -155,7 +167,10 @@ class ComposedEngine:
             self._fail()
             raise
         self._output.emitted()
-        return self._results(plan, decoded, rejected, started)
+        results = step_results(plan, decoded, rejected, self._age, started)
+        if self._failed:
+            return report_failed(self._failed, key, results, started)
+        return results
 
     def finalize(self, sessions: Iterable[str] | None = None) -> list[StepResult]:
         self._check_open()
@@ -166,11 +181,14 @@ class ComposedEngine:
             self._fail()
             raise
         self._output.emitted()
-        emitted = self._emitted(decoded, time.monotonic_ns())
+        emitted = emitted_by_row(decoded, time.monotonic_ns())
         return [emitted[r.index] for r in rows if r.index in emitted]
 
     def detach(self, session: str) -> None:
         self._check_open()
+        if self._failed.pop(session, None) is not None:  # its row went when it failed
+            self._gen += 1  # a plan that named it is stale: it is unknown from now on
+            return
         row = self._lookup(session)
         self._drain()
         if row.armed:
@@ -182,10 +200,7 @@ class ComposedEngine:
                 # other rows' in-flight chunks are sound and are kept.
                 self._drain(quiet=True)
                 raise
-        del self._by_session[session]
-        self._rows[row.index] = None
-        self._output.drop(row.index)  # its in-flight chunk goes with it
-        self._gen += 1
+        self._free(row)
 
     def check_action(self, session: str, action: Action) -> None:
         """Raise now what ``step`` would refuse this action for (unknown session,
@@ -225,44 +240,52 @@ class ComposedEngine:
 
     def _arm(self) -> None:
         pending = [r for r in self._live() if not r.armed]
-        if pending and self._model.seed_ready([r.index for r in pending]):
-            batch = self._batch(pending, [r.conditioning for r in pending])
-            self.lanes.run(Lane.HOT, self._model.seed, batch)
-            for r in pending:
-                r.armed = True
-            self._gen += 1
+        if not pending or not self._model.seed_ready([r.index for r in pending]):
+            return
+        self._gen += 1
+        failure = self._seed(pending)
+        if failure is None:
+            return
+        # Whose was it? Seeded each alone, only a row whose own seed fails is failed.
+        alone = [(r, self._seed([r])) for r in pending] if len(pending) > 1 else []
+        for r, exc in alone or [(pending[0], failure)]:
+            if exc is not None:
+                self._drop_failed(r, f"its seed failed: {type(exc).__name__}: {exc}")
+
+    def _seed(self, rows: list[Row]) -> Exception | None:
+        """Seed ``rows`` on HOT and arm them; what the seed raised, if it failed."""
+        try:
+            conditioning = [r.conditioning for r in rows]
+            self.lanes.run(Lane.HOT, self._model.seed, self._batch(rows, conditioning))
+        except Exception as exc:
+            return exc
+        for r in rows:
+            r.armed = True
+        return None
 
     def _settle_encodes(self) -> None:
-        failure: BaseException | None = None
-        for r in self._live():
-            encode = r.encoding
-            if encode is None or not encode.done():
-                continue
-            r.encoding, values, r.encoding_values = None, r.encoding_values, {}
+        settled, failed = self._encodes.settle(self._live())
+        if settled:
             self._gen += 1
-            try:
-                encode.result()
-            except Exception as exc:  # the change is dropped; the row keeps its old value
-                failure = failure or exc
-                continue
-            r.conditioning = {**r.conditioning, **values}
             self._conditioning_gen += 1
-        if failure is not None:
-            raise failure
+        for row, why in failed:
+            self._drop_failed(row, why)
 
-    def _start_encodes(self, rows: list[Row]) -> None:
-        starting = [r for r in rows if r.armed and r.staged and r.encoding is None]
-        if not starting:
-            return
-        batch = self._batch(starting, [dict(r.staged) for r in starting])
-        completion = self.lanes.submit_encode(self._run_encode, batch)
-        for r in starting:
-            r.encoding, r.encoding_values, r.staged = completion, r.staged, {}
+    def _drop_failed(self, row: Row, why: str) -> None:
+        """Free ``row``, whose own seed or encode failed (FAILED until it is detached);
+        an armed row the model forgets on HOT, after whatever ENCODE did to it."""
+        if row.armed:
+            self.lanes.wait(Lane.HOT, self.lanes.mark(Lane.ENCODE))
+            self.lanes.run(Lane.HOT, self._model.detach, row.index)
+        self._free(row)
+        self._failed[row.session] = f"session {row.session!r} failed, its row freed: {why}"
+
+    def _free(self, row: Row) -> None:
+        del self._by_session[row.session]
+        self._rows[row.index] = None
+        self._output.drop(row.index)  # its in-flight chunk goes with it
+        self._encodes.forget(row)
         self._gen += 1
-
-    def _run_encode(self, batch: Batch) -> None:
-        for stage in self._encode:
-            stage.fn(batch)
 
     def _plan_for(self, due: tuple[str, ...], rows: list[Row], rejected: dict[str, str]) -> Plan:
         if rejected:  # a one-off: the refused rows sit this step out
@@ -347,7 +370,7 @@ class ComposedEngine:
     def _apply_all(self, actions: Mapping[str, Action]) -> dict[str, str]:
         """Apply every well-formed action; return the refused ones (each for its own
         session only) with why: they sit this step out."""
-        rows = [(self._lookup(s), a) for s, a in actions.items()]
+        rows = [(self._lookup(s), a) for s, a in actions.items() if s not in self._failed]
         rejected = {}
         for row, action in rows:
             try:
@@ -376,36 +399,6 @@ class ComposedEngine:
         row.conditioning = conditioning
         self._conditioning_gen += 1
 
-    def _results(
-        self, plan: Plan, decoded: list[Batch], rejected: dict[str, str], started: int
-    ) -> list[StepResult]:
-        now = time.monotonic_ns()
-        if len(decoded) == 1 and decoded[0].rows is plan.index:  # every due row, in due order
-            return chunk_results(decoded[0], now)
-        emitted = self._emitted(decoded, now)
-        timing = Timing(started, now)
-        results = []
-        for r in plan.rows:
-            result = emitted.get(r.index)
-            if result is None:
-                error = rejected.get(r.session)
-                if error is not None:
-                    kind, chunk = ResultKind.ERROR, -1
-                elif not r.armed:
-                    kind, chunk = ResultKind.PENDING, int(self._age[r.index])
-                elif r.encoding is not None:
-                    kind, chunk = ResultKind.ENCODING, int(self._age[r.index])
-                else:
-                    kind, chunk = ResultKind.WARMUP, int(self._age[r.index])
-                result = StepResult(r.session, chunk, kind, None, timing, error)
-            results.append(result)
-        return results
-
-    @staticmethod
-    def _emitted(decoded: list[Batch], now: int) -> dict[int, StepResult]:
-        """The CHUNK result of every row of the decoded batches, by row."""
-        return {r: c for b in decoded for r, c in zip(b.rows, chunk_results(b, now), strict=True)}
-
     def _batch(self, rows: list[Row], conditioning: list[dict[str, Any]]) -> Batch:
         """A batch of ``rows`` for seed or ENCODE."""
         chunks = [int(self._age[r.index]) for r in rows]
@@ -417,11 +410,15 @@ class ComposedEngine:
     def _lookup(self, session: str) -> Row:
         row = self._by_session.get(session)
         if row is None:
-            raise UnknownSessionError(f"session {session!r} is not attached to this engine")
+            why = f" ({self._failed[session]})" if session in self._failed else ""
+            raise UnknownSessionError(f"session {session!r} is not attached to this engine{why}")
         return row
 
     def _resolve(self, sessions: Iterable[str]) -> list[Row]:
-        return [self._lookup(s) for s in dict.fromkeys(sessions)]
+        unique: Iterable[str] = dict.fromkeys(sessions)
+        if self._failed:  # detached when they failed: nothing to step or finalize
+            unique = [s for s in unique if s not in self._failed]
+        return [self._lookup(s) for s in unique]
 
     def _check_open(self) -> None:
         if self._fault is not None:

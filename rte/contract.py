@@ -67,6 +67,9 @@ class ResultKind(enum.Enum):
     PENDING = "pending"  # attached, waiting to be seeded (``seed_ready`` said not yet)
     ENCODING = "encoding"  # sitting out while a heavy conditioning change encodes
     ERROR = "error"  # the engine serving this session failed this step (``error`` says how)
+    # the session's own encode or seed failed (``error`` says how): the engine freed its
+    # row, nobody else lost a chunk; every step it is due says so until it is detached
+    FAILED = "failed"
 
 
 class Timing(NamedTuple):
@@ -94,7 +97,7 @@ class StepResult(NamedTuple):
 
     Attributes:
         session: the session id.
-        chunk: the emitted chunk's index when ``kind`` is CHUNK; -1 for ERROR;
+        chunk: the emitted chunk's index when ``kind`` is CHUNK; -1 for ERROR and FAILED;
             otherwise the number of chunks the session has generated so far.
         kind: whether a chunk is carried, and if not, why.
         latent: the chunk (shape and dtype from the manifest), or None.

@@ -318,12 +318,12 @@ class ServeLoop:
         chunk = ResultKind.CHUNK
         out: list[OutboxItem] = [r for r in results if r.kind is chunk]
         if len(out) < len(results):  # some carry no chunk: their errors become notices
-            error = ResultKind.ERROR
-            out += [
-                Notice(r.session, NoticeKind.ERROR, r.error or "")
-                for r in results
-                if r.kind is error
-            ]
+            for r in results:
+                if r.kind is ResultKind.ERROR:
+                    out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))
+                elif r.kind is ResultKind.FAILED:  # its own failure: the engine let it go
+                    out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))
+                    self.detach(r.session, finalize=False, reason=r.error or "", out=out)
         return out
 
     def _require(self, session: str) -> None:

@@ -197,6 +197,20 @@ def check_conditioning(
     model.check_conditioning(conditioning)
 
 
+def check_session_id(session: str) -> None:
+    """ValueError unless ``session`` is a str that is valid UTF-8 (models hash it, the
+    wire carries it: a lone surrogate would fail the seed, not the attach)."""
+    if not isinstance(session, str):
+        raise ValueError(f"a session id is a str, got {type(session).__name__}")
+    try:
+        session.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"session id {session!r} is not valid UTF-8 text ({exc.reason} at {exc.start}); "
+            "use another id"
+        ) from None
+
+
 class OutputAllocator(Protocol):
     """Hands DEFERRED the buffers a batch's chunks are written into, once, in place.
 

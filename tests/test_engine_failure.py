@@ -72,15 +72,19 @@ def test_failure_propagates_only_after_the_encode_lane_is_drained() -> None:
     engine.close()
 
 
-def test_seed_failure_leaves_rows_pending_and_a_later_step_seeds_them() -> None:
+def test_a_seed_failure_fails_its_session_and_a_new_attach_seeds_again() -> None:
     engine, model = make_engine(4)
     engine.attach("a")
     model.fail["seed"] = InjectedFailure("seed broke")
-    with pytest.raises(InjectedFailure):
-        engine.step(["a"])
+    (r,) = engine.step(["a"])  # the step itself succeeds: the failure is a's alone
+    assert r.kind is ResultKind.FAILED and "seed broke" in (r.error or "")
+    assert engine.sessions() == {}  # its row is free
+    engine.detach("a")
+    engine.attach("a")
     (r,) = engine.step(["a"])
     assert r.kind is ResultKind.WARMUP
     assert model.names().count("seed") == 2
+    assert "detach" not in model.names()  # never seeded: the model holds nothing of it
     engine.close()
 
 
@@ -99,17 +103,18 @@ def test_detach_failure_keeps_the_session_and_spares_the_others() -> None:
     engine.close()
 
 
-def test_encode_failure_propagates_and_the_row_keeps_its_old_value() -> None:
+def test_an_encode_failure_fails_its_session_and_the_model_forgets_its_row_on_hot() -> None:
     engine, model = make_engine(2)
     engine.attach("a", {"prompt": "one"})
     engine.step(["a"])
     model.fail["encode_prompt"] = InjectedFailure("encode broke")
     engine.step(["a"], {"a": Action({"prompt": "two"})})
     engine.lanes.drain()
-    with pytest.raises(InjectedFailure):
-        engine.step(["a"])
     (r,) = engine.step(["a"])
-    assert r.kind is ResultKind.WARMUP  # back in the cohort with its old prompt
+    assert r.kind is ResultKind.FAILED and "encode broke" in (r.error or "")
+    (forgot,) = [c for c in model.calls if c.name == "detach"]
+    assert forgot.rows == (0,) and forgot.lane is Lane.HOT
+    assert model.names()[-1] == "detach"  # nothing ran for it after its encode failed
     engine.close()
 
 

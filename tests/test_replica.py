@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from daemon_harness import DaemonProcess, Deadline
+from poison_model import POISON, PoisonModel
 
 from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
 from rte import AdmissionError, ComposedEngine, ReplicaEngine, ResultKind
@@ -88,6 +89,25 @@ def test_one_failing_child_does_not_starve_the_others() -> None:
     engine.step(list("abc"))
     results = {r.session: r for r in engine.step(list("abc"))}
     assert all(r.kind is ResultKind.CHUNK for r in results.values())
+
+
+def test_a_session_whose_seed_fails_fails_alone_and_its_child_serves_on() -> None:
+    engine = ReplicaEngine.of_model(lambda: PoisonModel(2), 2, lanes="cpu")
+    engine.attach("b")
+    engine.step(["b"])
+    engine.attach("a", {"prompt": POISON})  # b's child has room: a joins it
+    assert engine.child_of("a") is engine.child_of("b")
+    chunks = []
+    for _ in range(4):
+        results = {r.session: r for r in engine.step(["a", "b"])}
+        assert results["a"].kind is ResultKind.FAILED  # until it is detached
+        chunks.append(results["b"].chunk)
+    assert chunks == [0, 1, 2, 3]
+    engine.detach("a")
+    engine.attach("c")  # into the row a had
+    assert engine.child_of("c") is engine.child_of("b")
+    assert len(engine.children()) == 1
+    engine.close()
 
 
 def test_a_child_whose_detach_failed_keeps_its_session_and_is_never_pooled() -> None:

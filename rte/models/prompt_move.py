@@ -22,9 +22,18 @@ MAX_MOVE = 1 << 20
 
 
 def check_prompt_and_move(conditioning: Mapping[str, Any]) -> None:
-    """ValueError unless ``prompt`` is a str and ``move`` two small ints (when present)."""
-    if "prompt" in conditioning and not isinstance(conditioning["prompt"], str):
-        raise ValueError(f"prompt must be a str, got {type(conditioning['prompt']).__name__}")
+    """ValueError unless ``prompt`` is valid UTF-8 text and ``move`` two small ints
+    (when present): what the stages could not use is refused before it reaches them."""
+    if "prompt" in conditioning:
+        prompt = conditioning["prompt"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
+        try:
+            prompt.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no encoder takes it
+            raise ValueError(
+                f"prompt must be valid UTF-8 text: {exc.reason} at character {exc.start}"
+            ) from None
     if "move" in conditioning:
         move = conditioning["move"]
         ok = (
