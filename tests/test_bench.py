@@ -220,3 +220,27 @@ def test_the_scale_benchmark_reports_ratios_to_one_daemon() -> None:
     assert set(rows) == {(m, n) for m in ("null", "reference") for n in (1, 2)}
     assert rows["null", 1]["chunks_x_one"] == 1.0 and rows["null", 2]["sessions"] == 4
     _finite(rows["null", 2], ["chunks_per_s", "chunks_x_one", "p50_us", "p50_x_one", "p99_x_one"])
+
+
+@pytest.mark.parametrize("suite", ["scale", "realtime"])
+def test_rte_bench_runs_every_suite_the_checkout_has(
+    suite: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+    monkeypatch.setattr(cli_bench.subprocess, "call", lambda c, cwd: commands.append(c) or 0)
+    from rte.cli import main  # noqa: PLC0415
+
+    assert main(["bench", "--suite", suite, "--quick"]) == 0  # was refused by rte's own list
+    assert commands[0][1:] == ["-m", "tools.bench", "--suite", suite, "--quick"]
+    with pytest.raises(SystemExit) as refused:  # the checkout's list is the one that counts
+        bench.main(["--suite", "nosuch"])
+    assert refused.value.code == 2
+
+
+def test_plot_without_matplotlib_is_refused_before_the_suite_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import fails
+    monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("the suite ran first"))
+    with pytest.raises(SystemExit, match="needs matplotlib"):
+        bench.main(["--suite", "e2e", "--plot", "x.png"])

@@ -1,12 +1,13 @@
 """Run the benchmark suites and print their tables (or one JSON object): ``rte bench``.
 
-    python -m tools.bench [--suite engine|e2e|transport|scale|all] [--windows 5] [--json]
-                          [--quick] [--plot FILE.png]
+    python -m tools.bench [--suite engine|e2e|transport|scale|realtime|all] [--windows 5]
+                          [--json] [--quick] [--plot FILE.png]
 
 Each suite prints a line to stderr per size or peer as it goes; at the end
 come the tables, or with ``--json`` one object holding every suite that ran
-(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``; ``inputs`` runs
-with the e2e suite: a large frame in per step), which ``python -m
+(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``, ``realtime``;
+``inputs`` runs with the e2e suite: a large frame in per step; ``realtime``
+measures in time, not in windows: see :mod:`tools.bench_realtime`), which ``python -m
 tools.readme_tables`` turns into the README's tables. ``--quick`` is a smoke
 run (2 windows, few rounds; under a minute). Run from a checkout
 (``tools`` is never installed); ``rte bench`` finds the checkout and runs this.
@@ -20,10 +21,25 @@ import sys
 import time
 from typing import Any
 
-from tools import bench_e2e, bench_engine, bench_inputs, bench_scale, bench_transport
-from tools.report import DEFAULT_WINDOWS, machine, plot_latency, print_json, print_tables
+from tools import (
+    bench_e2e,
+    bench_engine,
+    bench_inputs,
+    bench_realtime,
+    bench_scale,
+    bench_transport,
+)
+from tools.report import (
+    DEFAULT_WINDOWS,
+    check_plotting,
+    machine,
+    plot_latency,
+    print_json,
+    print_tables,
+)
 
 SIZES = [1, 8, 64]
+SUITES = ["engine", "e2e", "transport", "scale", "realtime", "all"]
 QUICK_WINDOWS = 2
 
 
@@ -53,13 +69,16 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
         results["transport"] = bench_transport.run(quick, n_windows)
     if suite in ("scale", "all"):
         results["scale"] = bench_scale.run([1, 2], n_windows=n_windows, rounds=10 if quick else 50)
+    if suite in ("realtime", "all"):
+        results["realtime"] = bench_realtime.run(
+            bench_realtime.QUICK if quick else bench_realtime.Plan()
+        )
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    suites = ["engine", "e2e", "transport", "scale", "all"]
-    parser.add_argument("--suite", choices=suites, default="all")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--suite", choices=SUITES, default="all")
     parser.add_argument(
         "--windows",
         type=_windows,
@@ -72,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.plot and args.suite not in ("e2e", "all"):
         parser.error("--plot plots the e2e suite: use --suite e2e or all")
+    if args.plot:
+        check_plotting()  # before the suite runs, not after
     n_windows = args.windows or (QUICK_WINDOWS if args.quick else DEFAULT_WINDOWS)
     began = time.monotonic()
     results = run(args.suite, n_windows, args.quick)
@@ -94,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     tables = {"engine": bench_engine.TABLES, "e2e": bench_e2e.TABLES, "inputs": bench_inputs.TABLES}
     tables["transport"] = bench_transport.TABLES
     tables["scale"] = bench_scale.TABLES
+    tables["realtime"] = bench_realtime.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])
 

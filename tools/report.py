@@ -157,16 +157,24 @@ def emit(result: dict[str, Any], specs: list[TableSpec], as_json: bool) -> None:
         print_tables(result, specs)
 
 
+def check_plotting() -> None:
+    """SystemExit, saying what to install, when matplotlib is missing (before a
+    suite runs for minutes only to fail at the end)."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415 (optional)
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from None
+
+
 def plot_latency(result: dict[str, Any], path: str) -> None:
     """The e2e suite's p50/p99 in process and through the daemon per sessions, one
     panel per mode, on a log y axis (needs matplotlib)."""
-    try:
-        import matplotlib  # noqa: PLC0415 (optional)
+    check_plotting()
+    import matplotlib  # noqa: PLC0415 (optional)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
     modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes, strict=True):
