@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rte.client import ChunkBatch, EngineClient, connect
@@ -175,13 +175,20 @@ class Daemon:
     removes its shared memory, whatever state it is in."""
 
     def __init__(
-        self, sessions: int, pace_hz: float = 0, prefix: str = "bench", model: str = "null"
+        self,
+        sessions: int,
+        pace_hz: float = 0,
+        prefix: str = "bench",
+        model: str = "null",
+        args: Sequence[str] = (),
     ) -> None:
+        """``args``: more options of ``rte serve`` (a later option wins)."""
         self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", model]
         command += ["--max-sessions", str(sessions), "--max-clients", "2"]
         command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
         command += ["--pace-hz", str(pace_hz)] if pace_hz else []
+        command += args
         self.log = child_log()  # closed by close()
         self.process = subprocess.Popen(command, stderr=self.log)
 
