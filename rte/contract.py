@@ -103,6 +103,8 @@ class StepResult(NamedTuple):
         latent: the chunk (shape and dtype from the manifest), or None.
         timing: when the chunk was generated and emitted.
         error: the failure's description when ``kind`` is ERROR.
+        applied: the ``seq`` of the last action applied to the session before
+            this chunk was generated (0: none); set by the serve loop.
     """
 
     session: str
@@ -111,6 +113,7 @@ class StepResult(NamedTuple):
     latent: np.ndarray[Any, Any] | None
     timing: Timing
     error: str | None = None
+    applied: int = 0
 
     @property
     def has_chunk(self) -> bool:
@@ -125,6 +128,8 @@ class NoticeKind(enum.IntEnum):
     REJECTED = 3  # an attach refused by AdmissionError (backpressure)
     ERROR = 4  # a request or a step failed for this session
     DROPPED = 5  # a chunk could not be emitted (its session goes on or went)
+    REDUCED = 6  # overload: the session is stepped at a reduced rate (message: which)
+    RESTORED = 7  # the load dropped: the session's rate is raised again (message: to what)
 
 
 @dataclass(frozen=True)

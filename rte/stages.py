@@ -254,7 +254,8 @@ def chunk_results(batch: Batch, emitted_ns: int) -> list[StepResult]:
     """A CHUNK result per row of the decoded ``batch``, in row order, sharing one Timing."""
     timing = Timing(batch.generated_ns, emitted_ns)
     fields = (batch.sessions, batch.chunks, repeat(ResultKind.CHUNK), batch.out, repeat(timing))
-    return list(map(_new_result, zip(*fields, repeat(None), strict=False)))  # error: None
+    tail = (repeat(None), repeat(0))  # error None, applied 0 (the serve loop stamps it)
+    return list(map(_new_result, zip(*fields, *tail, strict=False)))
 
 
 class InFlight:

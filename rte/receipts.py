@@ -1,0 +1,103 @@
+"""Receipts: which action each chunk reflects.
+
+``act`` returns the request's ``seq``; every emitted chunk carries ``applied``,
+the ``seq`` of the last action handed to the engine for its session before the
+chunk was generated (0: none since the session attached). A caller then tells
+"received" from "applied" and measures input-to-photon from outside.
+
+A chunk's index ``j`` is the session's ``j``-th generated chunk since attach,
+so an action handed over at a step applies from the first chunk that step (or
+the next one that generates for the session) makes. The step's result says
+which index that is: a CHUNK result of chunk ``c`` generated ``c`` (depth 1)
+or emitted ``c`` and generated ``c + 1`` (depth 2: the chunk generated at step
+``k`` is emitted at ``k + 1``); a WARMUP (depth 2's first step) generated
+``c - 1``; a PENDING or ENCODING row generated nothing, so the next one,
+``c``, is the first to apply it; an ERROR result refused the action. Each
+session keeps ``(first chunk, seq)`` marks until a chunk reaches them, so the
+cost is a dictionary look-up per chunk of a session that acted, and none at
+all while no session has acted.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+
+from rte.contract import ResultKind, StepResult
+
+_CHUNK, _WARMUP, _ERROR = ResultKind.CHUNK, ResultKind.WARMUP, ResultKind.ERROR
+
+
+class Receipts:
+    """Per session, the seq each of its chunks applied. ``pipelined``: depth 2."""
+
+    def __init__(self, pipelined: bool) -> None:
+        self.ahead = int(pipelined)
+        self.current: dict[str, int] = {}  # session -> the seq its last stamped chunk applied
+        self._marks: dict[str, collections.deque[tuple[int, int]]] = {}
+        self._leaving: list[str] = []  # detached: forgotten at the next step
+
+    @property
+    def active(self) -> bool:
+        """Whether any chunk may carry a seq (some session has acted)."""
+        return bool(self.current or self._marks)
+
+    def settle(self) -> None:
+        """Before a step: forget the sessions that left (their last chunks are out)."""
+        for session in self._leaving:
+            self.current.pop(session, None)
+            self._marks.pop(session, None)
+        self._leaving.clear()
+
+    def handed(self, results: list[StepResult], seqs: Mapping[str, int]) -> None:
+        """The step that made ``results`` was handed the actions of ``seqs`` (session -> seq)."""
+        ahead = self.ahead
+        for r in results:
+            seq = seqs.get(r.session)
+            if seq is None:
+                continue
+            kind = r.kind
+            if kind is _CHUNK:
+                first = r.chunk + ahead
+            elif kind is _WARMUP:
+                first = r.chunk - ahead
+            elif kind is _ERROR:
+                continue  # the action was refused
+            else:  # PENDING, ENCODING: nothing generated; the next chunk applies it
+                first = r.chunk
+            self._marks.setdefault(r.session, collections.deque()).append((first, seq))
+
+    def applied(self, session: str, chunk: int) -> int:
+        """The seq chunk ``chunk`` of ``session`` applied (chunks asked in order)."""
+        marks = self._marks.get(session)
+        if marks:
+            while marks and marks[0][0] <= chunk:
+                self.current[session] = marks.popleft()[1]
+            if not marks:
+                del self._marks[session]
+        return self.current.get(session, 0)
+
+    def column(self, sessions: list[str], chunks: list[int]) -> list[int] | None:
+        """Each row's applied seq; None when every one is 0 (no session has acted)."""
+        if not self.active:
+            return None
+        applied = self.applied
+        return [applied(s, c) for s, c in zip(sessions, chunks, strict=True)]
+
+    def stamp(self, results: list[StepResult]) -> list[StepResult]:
+        """``results`` with each CHUNK's ``applied`` set (the same list if all are 0)."""
+        if not self.active:
+            return results
+        out = []
+        for result in results:
+            if result.kind is _CHUNK:
+                seq = self.applied(result.session, result.chunk)
+                if seq:
+                    result = result._replace(applied=seq)  # noqa: PLW2901 (the stamped one)
+            out.append(result)
+        return out
+
+    def forget(self, session: str) -> None:
+        """The session left: its next binding counts from 0. Its chunks finalized at
+        the detach are still to be delivered, so it is forgotten at the next step."""
+        self._leaving.append(session)
