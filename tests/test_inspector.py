@@ -47,7 +47,7 @@ def shm_bytes(name: str) -> dict[str, bytes]:
 def loaded(
     shm_prefix: str,
 ) -> Iterator[tuple[DaemonProcess, multiprocessing.process.BaseProcess, int]]:
-    d = DaemonProcess(shm_prefix, "--slab-slots", "16", "--max-clients", "2")
+    d = DaemonProcess(shm_prefix, "--max-clients", "2")
     parent, child = SPAWN.Pipe()
     streamer = SPAWN.Process(
         target=daemon_workers.stream_forever, args=(shm_prefix, ["a", "b"], child)
@@ -307,3 +307,39 @@ def test_two_hundred_scrapes_at_once_are_all_answered_by_a_few_threads(
         assert d.stop() == 0
     assert all(a.startswith(b"HTTP/1.0 200 ") for a in answers), {a[:40] for a in answers}
     assert most[0] - before <= 8, f"{most[0] - before} threads more for 200 scrapes"
+
+
+def test_past_the_bound_a_scrape_is_refused_at_once_not_given_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connections that never send their request fill the workers and the queue:
+    the next scrape is a 503 at once, and no thread is added for any of them."""
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from rte.ipc import metrics  # noqa: PLC0415
+
+    monkeypatch.setattr(metrics, "WAITING", 2)
+    server = metrics.serve_metrics("nosuch", 0)
+    port = server.server_address[1]
+    threads = threading.active_count()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(metrics.WORKERS + 2):  # each holds a worker or a place in the queue
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        deadline, answer = time.monotonic() + 10, b""
+        while not answer.startswith(b"HTTP/1.0 503 "):
+            assert time.monotonic() < deadline, f"no 503 past the bound: {answer!r}"
+            probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+            idle.append(probe)  # (one that waits holds a place too, until we close it)
+            probe.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            probe.settimeout(0.3)
+            with contextlib.suppress(TimeoutError):
+                answer = probe.recv(4096)
+        assert b"Content-Length: 0" in answer, answer
+        assert threading.active_count() == threads, "a thread per connection"
+    finally:
+        for connection in idle:
+            connection.close()
+        server.shutdown()
+        server.server_close()
