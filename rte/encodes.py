@@ -35,7 +35,7 @@ class Encodes:
 
     def __init__(self, lanes: Lanes, stages: Sequence[Stage], batch_of: BatchOf) -> None:
         self._lanes = lanes
-        self._stages = list(stages)
+        self._stages = stages  # the engine's own list, not a copy
         self._batch_of = batch_of
         self._alone: set[Row] = set()  # rows whose encode under way is theirs alone
 
