@@ -30,10 +30,9 @@ Two modes, one row per (sessions, mode):
   process, to the callback) and the client's CPU time (``time.process_time``
   over the window, % of one core; in process that is the engine's too).
 
-Every figure is the median over ``--windows`` windows; ``*_spread`` is the
-half-range over windows in % of the median (``tools.report``). Window i runs
-the in-process side then the daemon side; ``added`` is taken per window. Paced
-chunks/s count a short window: about one step of quantization (1/30 at 0.5 s).
+Every figure is the median over ``--windows`` windows (``*_spread``: the half-range
+in % of the median). Window i runs in process then through the daemon; ``added`` is
+per window. Paced chunks/s count a short window (1/30 quantization at 0.5 s).
 
     python -m tools.bench_e2e [--sessions 1 8 64] [--windows 5] [--rounds 200]
                               [--paced-rounds 12] [--json] [--plot FILE.png]
@@ -171,8 +170,8 @@ def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> d
 
 
 class Daemon:
-    """``rte serve --model MODEL`` in a child process; :meth:`close` stops it and
-    removes its shared memory, whatever state it is in."""
+    """``rte serve --model MODEL [ARGS]`` in a child process (a later option wins);
+    :meth:`close` stops it and removes its shared memory, whatever state it is in."""
 
     def __init__(
         self,
@@ -182,13 +181,11 @@ class Daemon:
         model: str = "null",
         args: Sequence[str] = (),
     ) -> None:
-        """``args``: more options of ``rte serve`` (a later option wins)."""
         self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", model]
         command += ["--max-sessions", str(sessions), "--max-clients", "2"]
         command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
-        command += ["--pace-hz", str(pace_hz)] if pace_hz else []
-        command += args
+        command += [*(["--pace-hz", str(pace_hz)] if pace_hz else []), *args]
         self.log = child_log()  # closed by close()
         self.process = subprocess.Popen(command, stderr=self.log)
 

@@ -140,7 +140,7 @@ class Caller:
         track.next_act_ns = now + self.act_every_ns
         client = self.clients[track.daemon]
         try:
-            seq = client.act(track.session, {"move": self.random.choice(MOVES)})  # type: ignore[func-returns-value]
+            seq = client.act(track.session, {"move": self.random.choice(MOVES)})
         except RteError:
             return
         if isinstance(seq, int) and len(track.pending) < 64:
