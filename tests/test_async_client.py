@@ -30,7 +30,7 @@ def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     d = DaemonProcess(
         f"{shm_prefix}d",
         *("--model", "null", "--max-sessions", str(CONNECTIONS * PER)),
-        *("--max-clients", str(CONNECTIONS + 1), "--slab-slots", "256"),
+        *("--max-clients", str(CONNECTIONS + 1)),
     )
     yield d
     assert d.stop() == 0, d.stderr

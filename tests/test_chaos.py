@@ -48,7 +48,7 @@ ROUND_S = 1.0
 SEED = int(os.environ.get("RTE_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
 FIRST_ROUND = int(os.environ.get("RTE_CHAOS_ROUND") or 0)
 STEADY = 10**9  # the bystander's sessions' owner numbers (see chaos_actors.tag_for)
-SMALL_DAEMON = ("--max-clients", "6", "--slab-slots", "24", "--ring-kib", "16")
+SMALL_DAEMON = ("--max-clients", "6", "--ring-kib", "16")
 SMALL_DAEMON += ("--idle-limit-s", "1.5")
 
 

@@ -238,3 +238,20 @@ def test_serve_with_a_metrics_port_taken_says_so_and_leaves_nothing(shm_prefix: 
         done = rte_command("serve", "--name", shm_prefix, "--metrics-port", port)
     one_line_error(done, 2, f"--metrics-port {port}")
     assert leftovers(shm_prefix) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--name", "{name}", "--max-session", "3"],  # took for --max-sessions
+        ["serve", "--name", "{name}", "--slab", "8"],  # --slab-slots
+        ["inspect", "--jso"],  # --json
+        ["--deb", "inspect"],  # --debug
+    ],
+)
+def test_an_abbreviated_option_is_a_mistake_not_another_option(
+    shm_prefix: str, args: list[str]
+) -> None:
+    done = rte_command(*(a.format(name=shm_prefix) for a in args), timeout=60)
+    one_line_error(done, 2, "unrecognized arguments: --", "--help)")
+    assert leftovers(shm_prefix) == []

@@ -50,7 +50,6 @@ class Engines:
                 daemon = self.daemons[model] = DaemonProcess(
                     f"{self.prefix}{model}",
                     *("--model", model, "--max-sessions", str(ROWS), "--max-clients", "4"),
-                    *("--slab-slots", "16"),
                 )
             if self.form == "async-shm":
                 client = LoopClient(connect_async(daemon.name, timeout=30))

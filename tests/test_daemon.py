@@ -44,7 +44,7 @@ SPAWN = multiprocessing.get_context("spawn")
 
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(shm_prefix, "--max-sessions", "4", "--max-clients", "4", "--slab-slots", "16")
+    d = DaemonProcess(shm_prefix, "--max-sessions", "4", "--max-clients", "4")
     yield d
     assert d.stop() == 0, d.stderr
     assert leftovers(shm_prefix) == []
@@ -248,7 +248,7 @@ def test_garbage_records_get_errors_and_the_daemon_keeps_serving(
 def test_a_client_that_stops_consuming_stalls_alone_then_is_detached(shm_prefix: str) -> None:
     d = DaemonProcess(
         shm_prefix,
-        "--max-clients", "2", "--slab-slots", "8", "--idle-limit-s", "1.0",
+        "--max-clients", "2", "--idle-limit-s", "1.0",
     )  # fmt: skip
     try:
         with d.client() as lazy, d.client() as busy:

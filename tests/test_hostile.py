@@ -39,7 +39,7 @@ from shm.segment import HEADER_SIZE
 @pytest.fixture
 def small_rings(shm_prefix: str) -> Iterator[DaemonProcess]:
     """A daemon whose client rings are 4 KiB (a record of at most 2,040 bytes)."""
-    d = DaemonProcess(shm_prefix, "--ring-kib", "4", "--max-clients", "3", "--slab-slots", "12")
+    d = DaemonProcess(shm_prefix, "--ring-kib", "4", "--max-clients", "3")
     yield d
     assert d.stop() == 0, d.stderr
 

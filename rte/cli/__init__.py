@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import rte
 from rte.cli import bench, clean, demo, inspect, play, serve
@@ -24,7 +24,15 @@ from shm import ShmError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a mistake on the command line is one line, not the usage block."""
+    """argparse, but a mistake on the command line is one line, not the usage block,
+    and an option is never taken from a prefix of its name (``--max-session`` is a
+    mistake, not ``--max-sessions``: a typo must not set an option the user did not
+    name). Every subcommand's parser is one of these (argparse makes them of the
+    parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")

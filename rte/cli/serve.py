@@ -57,9 +57,26 @@ OPTIONS = (
         "routed over them (for models that cannot batch)",
     ),
     Option("max-clients", int, 8, "client processes at once"),
-    Option("ring-kib", int, 256, "each client ring's size"),
-    Option("slab-slots", int, 64, "chunks in flight in all"),
-    Option("quota", int, 0, "slots per client (0: an even share)"),
+    Option(
+        "ring-kib",
+        int,
+        None,
+        "each client ring's size (default: a step of every row, at least 256)",
+    ),
+    Option(
+        "slab-slots",
+        int,
+        None,
+        "chunks in flight in all (default: every client's quota, so that each may "
+        "drive every session at full rate)",
+    ),
+    Option(
+        "quota",
+        int,
+        0,
+        "slots one client may hold (0: every row's credits plus one in flight, or an "
+        "even share of --slab-slots)",
+    ),
     Option(
         "credits",
         int,

@@ -76,6 +76,7 @@ def serve(
         if stopping.is_set():
             return
         manifest = model.manifest()  # (times --engines: each engine has its rows)
+        settings.check_memory(manifest.latent_nbytes)  # before anything is made
         shared = _create(
             stack,
             settings,
@@ -224,13 +225,13 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     segment = _owned(stack, Segment.create(names.control, layout.size, kind=KIND_CONTROL))
     control = Control.initialise(segment, layout, manifest)
     slab_bytes = HEADER_SIZE + Slab.footprint(
-        HEADER_SIZE, settings.slab_slots, manifest.latent_nbytes, n
+        HEADER_SIZE, settings.slab_slot_count, manifest.latent_nbytes, n
     )
     slab_segment = _owned(stack, Segment.create(names.slab, slab_bytes, kind=KIND_SLAB))
     slab = Slab.create(
         slab_segment,
         HEADER_SIZE,
-        slots=settings.slab_slots,
+        slots=settings.slab_slot_count,
         slot_bytes=manifest.latent_nbytes,
         max_owners=n,
         quota=settings.client_quota,

@@ -1,26 +1,55 @@
 """What a daemon is started with (``rte serve``'s options), checked at once.
 
 A setting that cannot hold is refused before anything is created, with one
-line that says which and why: a daemon never starts into a state where one
-client can stall another (slots over-committed) or where a ring cannot carry
-an answer.
+line that says which, why and what to use instead: a daemon never starts into a
+state where one client can stall another (slots over-committed), where one
+client cannot drive all its sessions at their credits (a quota that holds fewer
+chunks than they may run ahead: they would be throttled, silently), where a
+ring cannot carry a step's answer, or past what the control segment's layout
+can describe (:data:`~rte.ipc.control.MAX_SESSIONS` rows, the slab's 2**32
+slots). What only the model knows, the size of its chunk, is checked once it is
+loaded and before anything is created: :meth:`Settings.check_memory` refuses
+settings whose segments ``/dev/shm`` has no room for.
+
+The sizes left out follow from the others, so the defaults never throttle:
+
+- each client's **quota** is what one client driving every row needs: every
+  row's credits, plus one chunk per row in flight (a detached session's last
+  chunk, a pipelined engine's next one): ``rows x (credits + 1)``;
+- the **slab** holds every client's quota (quotas never over-commit it, so a
+  client that holds all its slots stalls only itself);
+- a **ring** carries the STEP record of every row a client may have stepped at
+  once (at least 256 KiB).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rte.errors import ConfigurationError
-from rte.ipc.control import MAX_CLIENTS
+from rte.ipc.control import MAX_CLIENTS, MAX_SESSIONS, Layout
 from rte.ipc.names import DaemonNames
-from rte.ipc.wire import MAX_CREDITS
+from rte.ipc.wire import MAX_CREDITS, STEP_AT, STEP_ROW_BYTES
 from rte.serve import DEFAULT_CREDITS
-from shm import WaitPolicy
+from shm import Slab, WaitPolicy
+from shm.names import SHM_DIR
+from shm.native import lib
+from shm.segment import HEADER_SIZE
 
 MIN_RING_KIB = 4
+DEFAULT_RING_KIB = 256
+MAX_SLOTS = 1 << 32  # a slab's slot count (shm_slab_check refuses more)
+PACE_HZ = (1e-3, 1e6)  # a period the tick word's nanoseconds can hold; at most a microsecond
+
+
+def chunks_to_drive(rows: int, credits: int) -> int:
+    """Chunks one client holds at most while it drives ``rows`` sessions at full
+    rate, each ``credits`` ahead: their credits, plus one per row in flight."""
+    return rows * (credits + 1)
 
 
 @dataclass(frozen=True)
@@ -32,11 +61,16 @@ class Settings:
         model: a short model name or ``module:factory``.
         max_sessions: rows of the engine's arena.
         max_clients: client slots (each has a ring pair and a slab quota).
-        ring_kib: the size of each client ring (rounded up to a power of two).
-        slab_slots: slots of the shared slab (each holds one chunk).
-        quota: slots one client may hold at once; 0: an even share. Quotas may
-            not over-commit the slab (quota x max_clients <= slab_slots), so a
-            client that holds all its slots stalls only itself.
+        ring_kib: the size of each client ring (rounded up to a power of two);
+            None: enough for a step of every row, at least 256 KiB.
+        slab_slots: slots of the shared slab (each holds one chunk); None: every
+            client's quota (:attr:`slab_slot_count`).
+        quota: slots one client may hold at once; 0: what one client driving
+            every row at its credits needs (:func:`chunks_to_drive`), or an even
+            share of an explicit ``slab_slots``. Quotas may not over-commit the
+            slab (quota x max_clients <= slab_slots), so a client that holds all
+            its slots stalls only itself, nor hold fewer chunks than every row's
+            credits, so one client can drive every session at full rate.
         credits: each session's default credits: how many of its chunks may be
             emitted and not yet released before it waits for its client (a
             client may ask for other credits per attach).
@@ -63,8 +97,8 @@ class Settings:
     model: str = "reference"
     max_sessions: int = 8
     max_clients: int = 8
-    ring_kib: int = 256
-    slab_slots: int = 64
+    ring_kib: int | None = None
+    slab_slots: int | None = None
     quota: int = 0
     credits: int = DEFAULT_CREDITS
     pace_hz: float = 0.0
@@ -88,22 +122,24 @@ class Settings:
     def _check(self) -> None:
         DaemonNames(self.name)
         _at_least("max-sessions", self.max_sessions, 1)
+        _at_least("engines", self.engines, 1)
+        if self.rows > MAX_SESSIONS:
+            given = f"--max-sessions {self.max_sessions}" + (
+                f" x --engines {self.engines} = {self.rows} rows" if self.engines > 1 else ""
+            )
+            raise ConfigurationError(f"{given}: at most {MAX_SESSIONS} rows in one daemon")
         _at_least("max-clients", self.max_clients, 1)
         if self.max_clients > MAX_CLIENTS:
             raise ConfigurationError(f"--max-clients {self.max_clients}: at most {MAX_CLIENTS}")
-        _at_least("ring-kib", self.ring_kib, MIN_RING_KIB)
-        _at_least("slab-slots", self.slab_slots, self.max_clients, "one per client")
-        _at_least("quota", self.quota, 0)
-        if self.quota * self.max_clients > self.slab_slots:
-            raise ConfigurationError(
-                f"--quota {self.quota} x --max-clients {self.max_clients} is more than "
-                f"--slab-slots {self.slab_slots}: clients could starve each other; "
-                f"use --quota {self.slab_slots // self.max_clients} or more slots"
-            )
         if not 1 <= self.credits <= MAX_CREDITS:
             raise ConfigurationError(f"--credits {self.credits}: must be 1 to {MAX_CREDITS}")
-        if not self.pace_hz >= 0:
-            raise ConfigurationError(f"--pace-hz {self.pace_hz}: must be 0 (flat out) or more")
+        self._check_slots()
+        self._check_ring()
+        if not (self.pace_hz == 0 or PACE_HZ[0] <= self.pace_hz <= PACE_HZ[1]):
+            raise ConfigurationError(
+                f"--pace-hz {self.pace_hz}: must be 0 (flat out) or "
+                f"{PACE_HZ[0]:g} to {PACE_HZ[1]:g} steps a second"
+            )
         if not self.idle_limit_s > 0:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -111,8 +147,8 @@ class Settings:
         if self.input_slots is not None and self.input_slots:
             _at_least("input-slots", self.input_slots, self.max_clients, "one per client, or 0")
         _at_least("input-slots", self.input_slots or 0, 0)
+        _at_most("input-slots", self.input_slab_slots, MAX_SLOTS)
         _at_least("input-slot-kib", self.input_slot_kib, 1)
-        _at_least("engines", self.engines, 1)
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"--metrics-port {self.metrics_port}: 0 to 65535")
         try:
@@ -123,14 +159,92 @@ class Settings:
                 f"--wait-policy {self.wait_policy!r}: one of {known}"
             ) from None
 
+    def _check_slots(self) -> None:
+        """The slab and the quotas: no client starves another, none is throttled."""
+        if self.slab_slots is not None:
+            _at_least("slab-slots", self.slab_slots, self.max_clients, "one per client")
+        _at_least("quota", self.quota, 0)
+        n, slots, quota = self.max_clients, self.slab_slot_count, self.client_quota
+        if quota * n > slots:
+            raise ConfigurationError(
+                f"--quota {quota} x --max-clients {n} is more than --slab-slots {slots}: "
+                f"clients could starve each other; use --slab-slots {quota * n} "
+                "or fewer --max-clients"
+            )
+        credits = self.rows * self.credits
+        if quota < credits:
+            need = chunks_to_drive(self.rows, self.credits)
+            given = [f"--quota {quota}"] if self.quota else []
+            if self.slab_slots is not None:
+                given.append(f"--slab-slots {slots} for --max-clients {n}")
+            fix = [f"--quota {need}"] if self.quota else []
+            if self.slab_slots is not None:
+                fix.append(f"--slab-slots {need * n}")
+            raise ConfigurationError(
+                f"{' and '.join(given)} leaves one client {quota} slots, fewer than the "
+                f"{credits} chunks its sessions' credits hold (--max-sessions "
+                f"{self.max_sessions}{self._engines} x --credits {self.credits}): they would "
+                f"be throttled; use {' '.join(fix)} (or leave it out: derived)"
+            )
+        _at_most("slab-slots", slots, MAX_SLOTS)
+
+    def _check_ring(self) -> None:
+        """A client's ring carries a STEP record of every row it may have stepped at once."""
+        if self.ring_kib is None:
+            return
+        _at_least("ring-kib", self.ring_kib, MIN_RING_KIB)
+        rows = self.step_rows
+        carried = (int(lib.shm_ring_max_payload(self.ring_capacity)) - STEP_AT) // STEP_ROW_BYTES
+        if carried < rows:
+            raise ConfigurationError(
+                f"--ring-kib {self.ring_kib}: a ring that size carries a step of {carried} "
+                f"chunks, fewer than the {rows} one client may have in one step; use "
+                f"--ring-kib {_ring_bytes(rows) // 1024} (or leave it out: derived)"
+            )
+
+    @property
+    def _engines(self) -> str:
+        return f" x --engines {self.engines}" if self.engines > 1 else ""
+
     @property
     def names(self) -> DaemonNames:
         return DaemonNames(self.name)
 
     @property
+    def rows(self) -> int:
+        """Sessions the daemon serves at once: every engine's rows."""
+        return self.max_sessions * self.engines
+
+    @property
+    def client_quota(self) -> int:
+        """Slab slots one client may hold (see ``quota``)."""
+        if self.quota:
+            return self.quota
+        if self.slab_slots is not None:
+            return self.slab_slots // self.max_clients
+        return chunks_to_drive(self.rows, self.credits)
+
+    @property
+    def slab_slot_count(self) -> int:
+        """Slots of the slab: ``slab_slots``, or every client's quota."""
+        if self.slab_slots is not None:
+            return self.slab_slots
+        return self.max_clients * self.client_quota
+
+    @property
+    def step_rows(self) -> int:
+        """The most chunks one client receives from one step (one STEP record)."""
+        return min(self.rows, self.client_quota)
+
+    @property
     def ring_capacity(self) -> int:
-        """Each ring's byte capacity: ``ring_kib`` rounded up to a power of two."""
-        return 1 << (self.ring_kib * 1024 - 1).bit_length()
+        """Each ring's byte capacity: ``ring_kib`` (or what a step of every row
+        needs, at least 256 KiB) rounded up to a power of two."""
+        if self.ring_kib is None:
+            size = max(DEFAULT_RING_KIB * 1024, _ring_bytes(self.step_rows))
+        else:
+            size = self.ring_kib * 1024
+        return 1 << (size - 1).bit_length()
 
     @property
     def input_slab_slots(self) -> int:
@@ -139,9 +253,65 @@ class Settings:
             return max(4, self.max_sessions + 2) * self.max_clients
         return self.input_slots
 
-    @property
-    def client_quota(self) -> int:
-        return self.quota or self.slab_slots // self.max_clients
+    def segment_bytes(self, chunk_bytes: int) -> dict[str, int]:
+        """The bytes of each shared segment these settings make, for chunks of
+        ``chunk_bytes`` (the model's manifest says: ``latent_nbytes``)."""
+        n = self.max_clients
+        sizes = {
+            "slab": HEADER_SIZE + Slab.footprint(HEADER_SIZE, self.slab_slot_count, chunk_bytes, n),
+            "control": Layout(n, self.ring_capacity, self.rows).size,
+        }
+        share = self.input_slab_slots // n
+        if share:  # each client's share in a segment of its own
+            one = HEADER_SIZE + Slab.footprint(HEADER_SIZE, share, self.input_slot_kib * 1024, 1)
+            sizes["inputs"] = n * one
+        return sizes
+
+    def check_memory(self, chunk_bytes: int, free: int | None = None) -> None:
+        """ConfigurationError when the segments need more than ``free`` bytes
+        (None: what ``/dev/shm`` has free), saying which options to lower."""
+        if free is None:
+            try:
+                stat = os.statvfs(SHM_DIR)
+            except OSError:  # no /dev/shm to ask: creating the segments will say
+                return
+            free = stat.f_bavail * stat.f_frsize
+        sizes = self.segment_bytes(chunk_bytes)
+        total = sum(sizes.values())
+        if total <= free:
+            return
+        largest = max(sizes, key=sizes.__getitem__)
+        fix = {
+            "slab": f"fewer --max-clients, --max-sessions{self._engines and ', --engines'} "
+            f"or --credits (the slab holds {self.slab_slot_count:,} chunks of "
+            f"{chunk_bytes:,} B: every client's sessions' credits)",
+            "control": "fewer --max-clients or a smaller --ring-kib",
+            "inputs": f"fewer --input-slots ({self.input_slab_slots:,}) or a smaller "
+            "--input-slot-kib (--input-slots 0: none)",
+        }[largest]
+        parts = ", ".join(f"{part} {_size(size)}" for part, size in sizes.items())
+        raise ConfigurationError(
+            f"these settings need {_size(total)} of shared memory ({parts}) but {SHM_DIR} "
+            f"has {_size(free)} free; ask for {fix}, or make {SHM_DIR} larger "
+            "(Docker: --shm-size)"
+        )
+
+
+def _ring_bytes(rows: int) -> int:
+    """The smallest ring capacity whose largest record is a STEP of ``rows`` chunks."""
+    largest, capacity = STEP_AT + rows * STEP_ROW_BYTES, 64
+    while lib.shm_ring_max_payload(capacity) < largest:
+        capacity *= 2
+    return capacity
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for people: 12.0 KiB, 2.4 TiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    exponent = 0
+    while n >= 1024 ** (exponent + 1) and exponent < len(units) - 1:
+        exponent += 1
+    return f"{n / 1024**exponent:.1f} {units[exponent]}"
 
 
 def _at_least(option: str, value: int, low: int, why: str = "") -> None:
@@ -149,3 +319,8 @@ def _at_least(option: str, value: int, low: int, why: str = "") -> None:
         raise ConfigurationError(
             f"--{option} {value}: must be at least {low}{f' ({why})' if why else ''}"
         )
+
+
+def _at_most(option: str, value: int, high: int) -> None:
+    if value > high:
+        raise ConfigurationError(f"--{option} {value}: at most {high:,}")
