@@ -1,17 +1,18 @@
-"""Bystanders lose nothing, through a real daemon: a client whose sessions'
-prompts make the model's encode or seed fail, in a loop, has those sessions
-detached with an ERROR saying why; another client's session gets every chunk."""
+"""Bystanders lose nothing, through a real daemon (and in process): a client
+whose sessions' prompts make the model's encode or seed fail, in a loop, has
+those sessions detached with an ERROR saying why; another client's session
+gets every chunk."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
-from daemon_harness import DaemonProcess, Deadline, leftovers, take
-from poison_model import POISON
+from daemon_harness import DaemonProcess, Deadline, leftovers
+from poison_model import POISON, PoisonModel
 
-from rte import NoticeKind
-from rte.client import EngineClient
+from rte import ComposedEngine, NoticeKind
+from rte.client import EngineClient, InProcessClient
 from rte.contract import Notice
 
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
@@ -29,37 +30,68 @@ def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     assert leftovers(shm_prefix) == []
 
 
-def _until_detached(client: EngineClient, session: str) -> list[Notice]:
-    """The notices about ``session`` until its DETACHED (its chunks released meanwhile)."""
-    seen: list[Notice] = []
-    deadline = Deadline(20, f"the detach of {session!r}")
-    while not any(n.kind is NoticeKind.DETACHED for n in seen):
-        deadline.check(seen)
-        chunk = client.poll(timeout=0.2)
-        if chunk is not None:
-            chunk.release()
-        seen += [n for n in client.notices() if n.session == session]
-    return seen
-
-
 def test_a_client_failing_its_own_sessions_in_a_loop_costs_a_bystander_nothing(
     daemon: DaemonProcess,
 ) -> None:
     with daemon.client() as bystander, daemon.client() as attacker:
-        bystander.attach("steady")
-        stream = [c.chunk for c in take(bystander, "steady", 3)]
-        for n in range(3):
-            attacker.attach(f"bad-{n}", {"prompt": "fine"})
-            attacker.act(f"bad-{n}", {"prompt": POISON})  # its encode fails
-            notices = _until_detached(attacker, f"bad-{n}")
-            assert [k.kind for k in notices] == [NoticeKind.ERROR, NoticeKind.DETACHED]
-            assert "encode failed" in notices[0].message and "PoisonFailure" in notices[0].message
-            assert f"bad-{n}" not in attacker.sessions
-            stream += [c.chunk for c in take(bystander, "steady", 2)]
-        attacker.attach("bad-seed", {"prompt": POISON})  # admitted; its seed then fails
-        notices = _until_detached(attacker, "bad-seed")
-        assert "seed failed" in notices[0].message
-        attacker.attach("bad-seed", {"prompt": "fine"})  # the id is free again
-        stream += [c.chunk for c in take(bystander, "steady", 5)]
-        assert stream == list(range(len(stream)))  # every chunk, in order: no gap, no repeat
-        assert [c.chunk for c in take(attacker, "bad-seed", 2)] == [0, 1]
+        _fail_in_a_loop(bystander, attacker)
+
+
+def test_in_process_a_session_failing_in_a_loop_costs_a_bystander_nothing() -> None:
+    engine = ComposedEngine(PoisonModel(4))
+    with InProcessClient(engine) as client:  # one client, both roles: the same loop
+        _fail_in_a_loop(client, client)
+    engine.close()
+
+
+class _Watch:
+    """Every chunk index and notice the clients are sent, by session (chunks released)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, list[int]] = {}
+        self.notices: dict[str, list[Notice]] = {}
+
+    def pump(self, client: EngineClient, until: Callable[[], bool], what: str) -> None:
+        deadline = Deadline(20, what)
+        while not until():
+            deadline.check(self.chunks)
+            chunk = client.poll(timeout=0.2)
+            if chunk is not None:
+                with chunk:
+                    self.chunks.setdefault(chunk.session, []).append(chunk.chunk)
+            for notice in client.notices():
+                self.notices.setdefault(notice.session, []).append(notice)
+
+    def more(self, client: EngineClient, session: str, n: int) -> None:
+        have = len(self.chunks.get(session, []))
+        self.pump(client, lambda: len(self.chunks.get(session, [])) >= have + n, session)
+
+    def detached(self, client: EngineClient, session: str) -> list[NoticeKind]:
+        def gone() -> bool:
+            return any(n.kind is NoticeKind.DETACHED for n in self.notices.get(session, []))
+
+        self.pump(client, gone, f"the detach of {session!r}")
+        return [n.kind for n in self.notices[session]]
+
+
+def _fail_in_a_loop(bystander: EngineClient, attacker: EngineClient) -> None:
+    watch = _Watch()
+    bystander.attach("steady")
+    watch.more(bystander, "steady", 3)
+    for n in range(3):
+        attacker.attach(f"bad-{n}", {"prompt": "fine"})
+        attacker.act(f"bad-{n}", {"prompt": POISON})  # its encode fails
+        assert watch.detached(attacker, f"bad-{n}") == [NoticeKind.ERROR, NoticeKind.DETACHED]
+        error = watch.notices[f"bad-{n}"][0].message
+        assert "encode failed" in error and "PoisonFailure" in error
+        assert f"bad-{n}" not in attacker.sessions
+        watch.more(bystander, "steady", 2)
+    attacker.attach("bad-seed", {"prompt": POISON})  # admitted; its seed then fails
+    assert watch.detached(attacker, "bad-seed") == [NoticeKind.ERROR, NoticeKind.DETACHED]
+    assert "seed failed" in watch.notices["bad-seed"][0].message
+    attacker.attach("bad-seed", {"prompt": "fine"})  # the id is free again
+    watch.more(attacker, "bad-seed", 2)
+    watch.more(bystander, "steady", 5)
+    steady = watch.chunks["steady"]
+    assert steady == list(range(len(steady)))  # every chunk, in order: no gap, no repeat
+    assert watch.chunks["bad-seed"][:2] == [0, 1]
