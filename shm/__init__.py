@@ -8,7 +8,10 @@
   a writer's :class:`Loan` is published and its :class:`SlotRef` sent over a
   ring; the reader's :class:`Sample` is released when read. A step's slots
   for one reader go as one :class:`BatchLoan` / :class:`BatchSample`
-  (:mod:`shm.batch`): one call each to take, publish, check and release.
+  (:mod:`shm.batch`): one call each to take, publish, check and release;
+  :func:`one_run` says whether slots are one run, for every side. Every view
+  holds its mapping (a segment's ``close`` never unmaps under one), and every
+  layout is checked first (:class:`LayoutError`).
 - :mod:`shm.names` — the names of shared objects (:func:`shm_name`), and the
   listing and removal of a prefix's objects.
 - :class:`NameLock` — one live process at a time owns a name; the kernel lets
@@ -23,6 +26,7 @@ from shm.doorbell import Bell, Doorbell
 from shm.errors import (
     ForeignSegmentError,
     ForeignSlot,
+    LayoutError,
     QuotaExceeded,
     RecordTooLarge,
     RingCorrupt,
@@ -44,7 +48,7 @@ from shm.names import shm_name
 from shm.ring import Ring, RingStatistics, WaitPolicy, wait_any
 from shm.segment import Segment, is_alive
 from shm.slab import Loan, Sample, Slab
-from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState
+from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState, one_run
 
 __all__ = [
     "BatchLoan",
@@ -53,6 +57,7 @@ __all__ = [
     "Doorbell",
     "ForeignSegmentError",
     "ForeignSlot",
+    "LayoutError",
     "Loan",
     "NameLock",
     "NameLockHeld",
@@ -82,6 +87,7 @@ __all__ = [
     "WouldBlock",
     "check_rc",
     "is_alive",
+    "one_run",
     "shm_name",
     "wait_any",
 ]

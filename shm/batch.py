@@ -8,21 +8,23 @@ device-to-host copy. :meth:`BatchLoan.publish` makes them readable in one call.
 The reader rebuilds the batch from the slot numbers and generations the writer
 sent (:func:`receive_batch`: one call checks every slot is published at that
 generation) and gives it back with :meth:`BatchSample.release`, one call, or
-some rows with :meth:`BatchSample.release_rows`.
+some rows with :meth:`BatchSample.release_rows`. Both sides decide "one run"
+with :func:`shm.slots.one_run`, which looks at every slot (a merged step's
+``[10, 12, 11, 13]`` is not one, though its endpoints say so). The views hold
+the segment's mapping (:meth:`shm.segment.Segment.rows`): a batch held past
+the segment's ``close`` stays readable.
 
 Slot numbers and generations travel as two columns of ``uint64`` words (a
 ``memoryview``, or a NumPy array): the C reads them in place
 (``ffi.from_buffer``), so a batch costs no Python object per slot on either
 side, and the hot paths make no NumPy call but the one view of the slots
 (:func:`typed`; a paced step runs cold, where each NumPy call costs tens of
-microseconds). The per-slot forms are :class:`shm.slab.Loan` and
-:class:`shm.slab.Sample`.
+microseconds). The per-slot forms are :class:`shm.loans.Loan` and
+:class:`shm.loans.Sample`.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from shm.errors import StaleSlot, check_rc
 from shm.native import ffi, lib
+from shm.slots import one_run
 
 if TYPE_CHECKING:
     from shm.slab import Slab
@@ -68,27 +71,11 @@ def typed(
 def _typed_view(
     slab: Slab, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
 ) -> np.ndarray[Any, Any]:
-    mapping = slab.segment.mapping(readonly=readonly)
-    view: np.ndarray[Any, Any] = np.ndarray(
-        (slab.slots, *shape),
-        dtype,
-        buffer=mapping,
-        offset=slab.data_offset,
-        strides=(slab.slot_size, *_strides(dtype.itemsize, shape)),
+    # Segment.rows: the view holds the mapping, so a batch a caller still holds
+    # stays readable after the segment is closed (never unmapped under it)
+    return slab.segment.rows(
+        slab.data_offset, slab.slots, slab.slot_size, dtype, shape, readonly=readonly
     )
-    if readonly:
-        view.flags.writeable = False
-    return view
-
-
-@functools.cache
-def _strides(itemsize: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The C-order strides of one row of ``shape``."""
-    strides, step = [], itemsize
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
 
 
 def _rows(
@@ -101,10 +88,8 @@ def _rows(
 ) -> tuple[bool, np.ndarray[Any, Any] | None, list[np.ndarray[Any, Any]]]:
     """(contiguous, the block or None, one array per row) for ``slots``; with
     ``split`` False, a block's rows are left to be made on demand ([])."""
-    n = len(slots)
-    first = int(slots[0])
-    if int(slots[-1]) - first == n - 1:  # ascending and distinct: one run
-        block = block_view(slab, first, n, dtype, shape, readonly)
+    if one_run(slots):  # every slot looked at, not the endpoints alone
+        block = block_view(slab, int(slots[0]), len(slots), dtype, shape, readonly)
         return True, block, list(block) if split else []
     every = typed(slab, dtype, shape, readonly)
     views = [every[s] for s in slots.tolist()]
@@ -161,7 +146,7 @@ class BatchLoan(_Slots):
         try:
             self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
         except BaseException:
-            lib.shm_slab_abort_batch(slab._meta, _u64(slots), _u64(generations), len(slots))
+            lib.shm_slab_abort_batch(slab.meta, _u64(slots), _u64(generations), len(slots))
             raise
 
     def publish(self) -> None:
@@ -170,21 +155,25 @@ class BatchLoan(_Slots):
         Raises:
             StaleSlot: some slot was reclaimed meanwhile (its owner was taken
                 for dead); every other slot is published all the same.
+            SegmentError: the slab's segment is closed in this process.
         """
         self._finished = True
         rc = lib.shm_slab_publish_batch(
-            self._slab._meta, _u64(self.slots), _u64(self.generations), len(self.slots)
+            self._slab.meta, _u64(self.slots), _u64(self.generations), len(self.slots)
         )
         if rc:
             check_rc(rc, f"publish of {len(self)} slots for owner {self.owner}")
 
     def abort(self) -> None:
-        """Give every slot back unpublished; slots reclaimed meanwhile are skipped."""
+        """Give every slot back unpublished; slots reclaimed meanwhile are skipped
+        (and all of them once the slab's segment is closed in this process)."""
         if self._finished:
             return
         self._finished = True
+        if self._slab.segment.closed:
+            return
         lib.shm_slab_abort_batch(
-            self._slab._meta, _u64(self.slots), _u64(self.generations), len(self.slots)
+            self._slab.meta, _u64(self.slots), _u64(self.generations), len(self.slots)
         )
 
 
@@ -193,21 +182,23 @@ def loan_batch(
 ) -> BatchLoan:
     """Take ``n`` slots for ``owner`` in one call, as one run when one is free.
 
+    ``dtype`` and ``shape`` are checked by the caller (:meth:`Slab.loan_batch`
+    does, once per layout); the view refuses rows larger than a slot all the same.
+
     Raises:
         QuotaExceeded: ``owner`` would hold more than its quota (nothing taken).
         SlabFull: fewer than ``n`` slots are free (nothing taken).
-        ValueError: ``dtype`` x ``shape`` exceeds a slot, or ``n`` < 1.
+        LayoutError: ``dtype`` x ``shape`` exceeds a slot (nothing taken).
+        ValueError: ``n`` < 1.
     """
     if n < 1:
         raise ValueError(f"a batch needs at least one slot, got {n}")
-    if dtype.itemsize * math.prod(shape) > slab.slot_size:
-        raise ValueError(f"{dtype} {shape} exceeds a slot of {slab.segment.name}")
     # plain words (memoryviews), not NumPy arrays: a paced turn runs cold, where
     # every NumPy call costs tens of microseconds
     slots = memoryview(bytearray(8 * n)).cast("Q")
     generations = memoryview(bytearray(8 * n)).cast("Q")
     rc = lib.shm_slab_acquire_batch(
-        slab._meta, owner, n, time.monotonic_ns(), _u64(slots), _u64(generations)
+        slab.meta, owner, n, time.monotonic_ns(), _u64(slots), _u64(generations)
     )
     if rc < 0:
         check_rc(rc, f"{slab._loan_where(owner)}; asked for {n} at once")
@@ -251,9 +242,11 @@ class BatchSample(_Slots):
     def release(self) -> int:
         """Hand back every slot still held, in one call; returns how many were.
 
-        Later calls do nothing. A slot reclaimed while it was held (its owner
-        was taken for dead) is skipped: :class:`StaleSlot` is raised after
-        the others are released, saying how many.
+        Later calls do nothing, as does a call once the slab's segment is
+        closed in this process (the rows stay readable: they hold the mapping).
+        A slot reclaimed while it was held (its owner was taken for dead) is
+        skipped: :class:`StaleSlot` is raised after the others are released,
+        saying how many.
         """
         if self._held is None:
             slots, generations = self.slots, self.generations
@@ -273,11 +266,11 @@ class BatchSample(_Slots):
 
     def _release(self, slots: Words, generations: Words) -> int:
         n = len(slots)
-        if not n:
+        if not n or self._slab.segment.closed:
             return 0
         done = ffi.new("uint64_t *")
         rc = lib.shm_slab_release_batch(
-            self._slab._meta, _u64(slots), _u64(generations), n, self.owner, done
+            self._slab.meta, _u64(slots), _u64(generations), n, self.owner, done
         )
         if rc:
             check_rc(rc, f"release of {n - done[0]} of {n} slots by owner {self.owner}")
@@ -289,7 +282,7 @@ def release_slots(slab: Slab, owner: int, slots: Words, generations: Words) -> i
     writer giving back what no reader will take); returns how many were."""
     done = ffi.new("uint64_t *")
     rc = lib.shm_slab_release_batch(
-        slab._meta, _u64(slots), _u64(generations), len(slots), owner, done
+        slab.meta, _u64(slots), _u64(generations), len(slots), owner, done
     )
     if rc:
         check_rc(rc, f"release of {len(slots) - done[0]} of {len(slots)} slots of owner {owner}")
@@ -311,7 +304,7 @@ def receive_batch(
             exist; nothing is held.
     """
     n = len(slots)
-    ready = int(lib.shm_slab_ready_batch(slab._meta, _u64(slots), _u64(generations), n))
+    ready = int(lib.shm_slab_ready_batch(slab.meta, _u64(slots), _u64(generations), n))
     if ready != n:
         slot = int(slots[ready])
         if not 0 <= slot < slab.slots:

@@ -87,6 +87,13 @@ class ForeignSlot(ShmError):
     """A release named a slot that another owner holds."""
 
 
+class LayoutError(ShmError, ValueError):
+    """A dtype, shape, size or offset that no view of shared memory may have
+    (negative, zero, not an integer, an object dtype, or past the slot or the
+    segment): refused before anything is mapped. Also a :class:`ValueError`, as
+    every argument error of this module."""
+
+
 # status -> (class, what happened and what to do). The caller's ``where`` says
 # what was done to what; both make the message.
 _STATUS: dict[int, tuple[type[Exception], str]] = {

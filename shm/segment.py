@@ -8,8 +8,15 @@ reused by the OS; pid plus start time names one process). The magic is
 published last with a release store, so an opener never sees a half-written
 header. Everything after the first page is the user's.
 
-The creator owns unlinking. ``close`` releases the pointers this object handed
-out; NumPy views a caller still holds keep the mapping alive until they go.
+The creator owns unlinking. Every NumPy view of a segment holds a buffer
+export of its mapping (:mod:`shm.views`), so ``close`` never unmaps under a
+view a caller still holds: that mapping goes with the last of them. ``close``
+stops this object handing out pointers and views, and empties the caches of
+views it made (:meth:`Segment.view_cache`); the pointers it handed out are
+invalid after it (their users check :attr:`Segment.closed`). Every dtype,
+shape, count and offset of a view is checked first
+(:func:`~shm.views.checked_layout`): a :class:`~shm.errors.LayoutError`,
+nothing mapped.
 
 Named per user (``/rte.<uid>.<name>``, made by :func:`shm.names.shm_name`):
 another user's daemon of the same name is another segment. Uses posix_ipc,
@@ -19,9 +26,7 @@ segments that other processes still use.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import math
 import mmap
 import os
 import struct
@@ -32,8 +37,10 @@ import numpy as np
 import posix_ipc
 import psutil
 
+from shm import views
 from shm.errors import (
     ForeignSegmentError,
+    LayoutError,
     SegmentError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -89,6 +96,8 @@ class Segment:
         self.readonly = readonly
         self._mmap: mmap.mmap | None = mapping  # what ptr/word/bytes_at reach
         self._whole = whole  # the whole segment, read-only, when ``mapping`` is a prefix
+        self.closed = False  # a plain attribute: the hot paths read it
+        self._caches: list[dict[Any, Any]] = []  # view_cache()s, emptied by close
         self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=not readonly)
         _, _, kind, size, pid, start, created = _HEADER.unpack_from(mapping, 0)
         self.kind = kind
@@ -212,16 +221,23 @@ class Segment:
         return is_alive(self.creator_pid, self.creator_start)
 
     def close(self) -> None:
-        """Unmap. Views still held by callers keep the mapping alive until they go."""
+        """Stop handing out pointers and views, and unmap what no view holds.
+
+        A mapping that a caller's view still holds is never unmapped under it:
+        it goes with the last such view. Pointers from :meth:`ptr` and
+        :meth:`word` are invalid after: their users check :attr:`closed`.
+        """
         if self._mmap is None:
             return
+        self.closed = True
+        for cache in self._caches:
+            cache.clear()
         ffi.release(self._base)
         mappings = [self._mmap, self._whole]
         self._mmap = self._whole = None
         for mapping in mappings:
             if mapping is not None:
-                with contextlib.suppress(BufferError):  # a view is held: it goes with the last
-                    mapping.close()
+                views.unmap(mapping)
 
     def unlink(self) -> None:
         """Remove the name (creator's duty); mappings stay valid until closed."""
@@ -242,7 +258,7 @@ class Segment:
 
     def ptr(self, offset: int) -> Any:
         """A ``char *`` at ``offset`` (for the C functions)."""
-        if offset >= len(self._live()):
+        if not 0 <= offset < len(self._live()):
             raise SegmentError(f"offset {offset} of {self.name} is not mapped writable here")
         return self._base + offset
 
@@ -253,8 +269,19 @@ class Segment:
     def array(
         self, offset: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool
     ) -> np.ndarray[Any, Any]:
-        """A NumPy view of the segment's bytes at ``offset``: no copy."""
-        return self.view(offset, np.dtype(dtype), math.prod(shape), shape, readonly=readonly)
+        """A NumPy view of the segment's bytes at ``offset``: no copy.
+
+        Raises:
+            LayoutError: a bad dtype or shape (:func:`~shm.views.checked_layout`), or
+                an offset outside the segment's user part.
+        """
+        room = self.size - offset if HEADER_SIZE <= offset <= self.size else -1
+        if room < 0:
+            raise LayoutError(f"offset {offset} is outside segment {self.name}")
+        where = f"the bytes from offset {offset} of {self.name}"
+        shape = tuple(shape) if isinstance(shape, list) else shape
+        dt, count = views.checked_layout(dtype, shape, room, where)
+        return self.view(offset, dt, count, shape, readonly=readonly)
 
     def view(
         self,
@@ -265,27 +292,76 @@ class Segment:
         *,
         readonly: bool,
     ) -> np.ndarray[Any, Any]:
-        """:meth:`array` for callers that already hold the dtype and element count."""
-        if offset < HEADER_SIZE or offset + count * dtype.itemsize > self.size:
-            raise ValueError(
-                f"view of {count} x {dtype} at {offset} is outside segment {self.name}"
-            )
-        mapping = self.mapping(readonly=readonly)
+        """:meth:`array` for callers that hold a dtype and element count from
+        :func:`~shm.views.checked_layout` already (this checks only the bounds).
+
+        Raises:
+            LayoutError: ``count`` is under 1, ``dtype`` holds objects, or the
+                bytes are outside the segment's user part; ``shape`` does not
+                hold ``count`` elements.
+            SegmentError: closed, or those bytes are mapped read-only here.
+        """
         end = offset + count * dtype.itemsize
+        if count < 1 or offset < HEADER_SIZE or end > self.size or dtype.hasobject:
+            raise LayoutError(
+                f"a view of {count} x {dtype} at {offset} is not one of segment {self.name}'s "
+                f"(its user part is {HEADER_SIZE}-{self.size}, and a view holds at least one "
+                "element of a dtype without objects)"
+            )
+        return views.flat(self._mapping(readonly, end), offset, dtype, count, shape, readonly)
+
+    def rows(
+        self,
+        offset: int,
+        count: int,
+        stride: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        *,
+        readonly: bool,
+    ) -> np.ndarray[Any, Any]:
+        """``count`` rows of ``dtype`` x ``shape``, ``stride`` bytes apart from
+        ``offset``, as one ``(count, *shape)`` array (a slab's slots as one view).
+
+        ``dtype`` and ``shape`` come from :func:`~shm.views.checked_layout` for
+        ``stride`` bytes; the view holds the mapping as :meth:`view` does.
+
+        Raises:
+            LayoutError: the rows do not lie in the segment's user part.
+            SegmentError: closed, or those bytes are mapped read-only here.
+        """
+        end = offset + count * stride
+        row = dtype.itemsize * views.elements(shape)
+        if count < 1 or row > stride or offset < HEADER_SIZE or end > self.size:
+            raise LayoutError(
+                f"{count} rows of {row} bytes {stride} apart at {offset} are not in "
+                f"segment {self.name} (its user part is {HEADER_SIZE}-{self.size})"
+            )
+        mapping = self._mapping(readonly, end)
+        return views.strided(mapping, offset, count, stride, dtype, shape, readonly)
+
+    def view_cache(self) -> dict[Any, Any]:
+        """A dict for views made once and reused (a slab's typed views), which
+        :meth:`close` empties: the segment's own hold on its mapping ends there."""
+        cache: dict[Any, Any] = {}
+        self._caches.append(cache)
+        return cache
+
+    def _mapping(self, readonly: bool, end: int) -> mmap.mmap:
+        """What views ending at ``end`` are made from: for a reader mapped writable
+        only below some offset, the whole segment mapped read-only; otherwise the
+        live mapping."""
+        mapping = self._live() if self._whole is None or not readonly else self._whole
         if end > len(mapping):
             raise SegmentError(f"{self.name} is mapped read-only from {len(mapping)} on here")
-        view = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset).reshape(shape)
-        if readonly:
-            view.flags.writeable = False
-        return view
-
-    def mapping(self, *, readonly: bool) -> mmap.mmap:
-        """What views are made from: for a reader mapped writable only below some
-        offset, the whole segment mapped read-only; otherwise the live mapping."""
-        return self._live() if self._whole is None or not readonly else self._whole
+        return mapping
 
     def bytes_at(self, offset: int, size: int) -> memoryview:
-        return memoryview(self._live())[offset : offset + size]
+        """``size`` bytes at ``offset`` of the writable mapping (the view holds it)."""
+        mapping = self._live()
+        if size < 0 or not 0 <= offset <= len(mapping) - size:
+            raise LayoutError(f"{size} bytes at {offset} are not mapped writable in {self.name}")
+        return memoryview(mapping)[offset : offset + size]
 
     @property
     def address(self) -> int:

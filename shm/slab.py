@@ -2,12 +2,12 @@
 
 Loans manage themselves, as iceoryx2's (``loan`` -> write -> ``send``). The
 writer takes a free slot for an owner with :meth:`Slab.loan` and gets a
-:class:`Loan`: its ``array`` is a writable NumPy view of the slot, written once,
-in place; ``publish()`` makes it readable, ``abort()`` gives it back unread, and
-a ``with`` block aborts a loan it leaves unfinished, so an exception while
-writing never leaks a slot. The writer then sends the loan's :class:`SlotRef`
+:class:`~shm.loans.Loan`: its ``array`` is a writable NumPy view of the slot,
+written once, in place; ``publish()`` makes it readable, ``abort()`` gives it
+back unread, and a ``with`` block aborts a loan it leaves unfinished, so an
+exception while writing never leaks a slot. The writer then sends the loan's :class:`SlotRef`
 (slot, generation, owner) to the reader over a ring. The reader turns it back
-into a :class:`Sample` with :meth:`Slab.receive`: a read-only view of the slot's
+into a :class:`~shm.loans.Sample` with :meth:`Slab.receive`: a read-only view of the slot's
 bytes, no copy, which ``release()`` or the end of a ``with`` block hands back.
 Nobody passes (slot, generation, owner) as three loose ints.
 
@@ -19,6 +19,12 @@ in one call. Counters live in the slab's header, for inspectors. The C returns
 ``enum shm_status`` codes; :func:`~shm.errors.check_rc` turns a refusal into its
 exception, with a message built here that says which slot and whose.
 
+Every dtype and shape is checked once per layout (no negative, zero or
+non-integer dimension, no object dtype, no more than a slot): a
+:class:`~shm.errors.LayoutError`, no slot taken. Once its segment is closed
+in this process a slab refuses every call (:class:`~shm.errors.SegmentError`)
+instead of reaching unmapped memory; views already handed out stay readable.
+
 :meth:`Slab.pin` registers the slots as page-locked memory with CUDA when torch
 with CUDA is already imported (device-to-host copies then go straight in,
 asynchronously); elsewhere it does nothing, and never imports torch.
@@ -27,7 +33,6 @@ asynchronously); elsewhere it does nothing, and never imports torch.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from typing import Any
 
@@ -36,128 +41,17 @@ import numpy as np
 from shm import batch, cuda
 from shm.batch import BatchLoan, BatchSample
 from shm.errors import SegmentError, StaleSlot, check_rc
+from shm.loans import Loan, Sample
 from shm.native import ffi, lib
 from shm.segment import Segment, page_align
 from shm.slots import SlabStatistics, SlotInfo, SlotRef
+from shm.views import checked_layout
+
+__all__ = ["Loan", "Sample", "Slab"]
 
 _RANGE = int(lib.SHM_SLAB_RANGE)
 _STALE = int(lib.SHM_SLAB_STALE)
 _new_tuple = tuple.__new__  # makes a SlotRef at half the cost of calling the class
-
-
-class Loan:
-    """A slot the writer holds: write :attr:`array` once, then publish or abort.
-
-    Made by :meth:`Slab.loan`. As a context manager it aborts on exit unless it
-    was published or aborted (a slot reclaimed meanwhile is left as it is).
-    Once finished, a further :meth:`publish` or :meth:`abort` is refused by the
-    C with :class:`~shm.errors.StaleSlot` (and counted as stale).
-
-    Attributes:
-        ref: the slot's reference, for the reader once published.
-        array: the slot's bytes as a writable array of the loan's dtype and
-            shape: the slab's own memory, no copy.
-    """
-
-    __slots__ = ("_finished", "_slab", "array", "ref")
-
-    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
-        self._slab = slab
-        self._finished = False
-        self.ref = ref
-        self.array = array
-
-    @property
-    def finished(self) -> bool:
-        """Whether :meth:`publish` or :meth:`abort` was called."""
-        return self._finished
-
-    def publish(self) -> SlotRef:
-        """Make the written slot readable (WRITING -> READY); return its reference.
-
-        Raises:
-            StaleSlot: the slot was reclaimed meanwhile, or the loan is finished.
-        """
-        self._finished = True
-        ref = self.ref
-        rc = lib.shm_slab_publish(self._slab._meta, ref.slot, ref.generation)
-        if rc:
-            check_rc(rc, self._slab._where("publish", ref))
-        return ref
-
-    def abort(self) -> None:
-        """Give the slot back unpublished (WRITING -> FREE, next generation).
-
-        Raises:
-            StaleSlot: the slot was reclaimed meanwhile, or the loan is finished.
-        """
-        self._finished = True
-        ref = self.ref
-        rc = lib.shm_slab_abort(self._slab._meta, ref.slot, ref.generation)
-        if rc:
-            check_rc(rc, self._slab._where("abort", ref))
-
-    def __enter__(self) -> Loan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._finished:
-            with contextlib.suppress(StaleSlot):  # reclaimed meanwhile: nothing to give back
-                self.abort()
-
-    def __repr__(self) -> str:
-        state = "finished" if self._finished else "open"
-        return f"<Loan {state} {self.ref} in {self._slab.segment.name}>"
-
-
-class Sample:
-    """A published slot the reader holds: read :attr:`array`, then release it.
-
-    Made by :meth:`Slab.receive`. :meth:`release` is idempotent; as a context
-    manager it releases on exit.
-
-    Attributes:
-        ref: the slot's reference, as the writer sent it.
-        array: the slot's bytes as a read-only array: the slab's own memory, no
-            copy. Do not use it after :meth:`release`: the slot may be reused.
-    """
-
-    __slots__ = ("_released", "_slab", "array", "ref")
-
-    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
-        self._slab = slab
-        self._released = False
-        self.ref = ref
-        self.array = array
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def release(self) -> None:
-        """Hand the slot back (:meth:`Slab.release` with the ref's owner), once.
-
-        Later calls do nothing, also after a first call that raised.
-
-        Raises:
-            StaleSlot: the slot was reclaimed while it was held (its owner was
-                taken for dead); what was read from it may have been overwritten.
-            ForeignSlot: the reference names another owner than the slot's.
-        """
-        if self._released:
-            return
-        self._released = True
-        self._slab.release(self.ref)
-
-    def __enter__(self) -> Sample:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else "held"
-        return f"<Sample {state} {self.ref} in {self._slab.segment.name}>"
 
 
 class Slab:
@@ -182,7 +76,18 @@ class Slab:
         self._pin_device: int | None = None
         self._generation = ffi.new("uint64_t *")  # acquire's out-parameter, reused
         self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
-        self._typed: dict[tuple[Any, ...], Any] = {}  # shm.batch.typed's views
+        self._typed: dict[tuple[Any, ...], Any] = segment.view_cache()  # shm.batch.typed's
+
+    @property
+    def meta(self) -> Any:
+        """The slab's header, for the C calls; refused once the segment is closed
+        in this process (the C would reach unmapped memory)."""
+        if self.segment.closed:
+            raise SegmentError(
+                f"the slab in {self.segment.name} is closed in this process (views "
+                "still held stay readable); open it again to use it"
+            )
+        return self._meta
 
     @classmethod
     def open_reader(cls, name: str, offset: int, *, kind: int | None = None) -> Slab:
@@ -250,13 +155,15 @@ class Slab:
         Raises:
             SlabFull: no slot is free.
             QuotaExceeded: ``owner`` holds its quota of slots.
-            ValueError: ``dtype`` x ``shape`` exceeds a slot, or ``owner`` is
-                past ``max_owners`` (no slot is taken).
+            LayoutError: ``dtype`` x ``shape`` is no layout a slot can hold
+                (:func:`~shm.views.checked_layout`); no slot is taken.
+            ValueError: ``owner`` is past ``max_owners`` (no slot is taken).
+            SegmentError: the segment is closed in this process.
         """
         # (not *-unpacked into view below: a star call skips CPython's fast path)
-        dt, count = self._layouts.get((dtype, shape)) or self._layout(dtype, shape)
+        dt, count = self._layout(dtype, shape)
         generation = self._generation
-        slot = lib.shm_slab_acquire(self._meta, owner, time.monotonic_ns(), generation)
+        slot = lib.shm_slab_acquire(self.meta, owner, time.monotonic_ns(), generation)
         if slot < 0:
             check_rc(slot, self._loan_where(owner))
         ref: SlotRef = _new_tuple(SlotRef, (slot, generation[0], owner))
@@ -271,7 +178,7 @@ class Slab:
 
     def loan_batch(self, owner: int, n: int, dtype: Any, shape: tuple[int, ...]) -> BatchLoan:
         """Take ``n`` slots for ``owner`` in one call (see :func:`shm.batch.loan_batch`)."""
-        return batch.loan_batch(self, owner, n, self._layout_of(dtype, shape), shape)
+        return batch.loan_batch(self, owner, n, self._layout(dtype, shape)[0], shape)
 
     # -- reader -----------------------------------------------------------
 
@@ -279,7 +186,7 @@ class Slab:
         self, owner: int, slots: Any, generations: Any, dtype: Any, shape: tuple[int, ...]
     ) -> BatchSample:
         """Published slots as read-only arrays (see :func:`shm.batch.receive_batch`)."""
-        dt = self._layout_of(dtype, shape)
+        dt = self._layout(dtype, shape)[0]
         return batch.receive_batch(self, owner, slots, generations, dt, shape)
 
     def receive(self, ref: SlotRef, dtype: Any, shape: tuple[int, ...]) -> Sample:
@@ -291,13 +198,14 @@ class Slab:
         Raises:
             StaleSlot: the slot is not published at ``ref.generation`` (the
                 message says what it is), or no such slot exists.
-            ValueError: ``dtype`` x ``shape`` exceeds a slot.
+            LayoutError: ``dtype`` x ``shape`` is no layout a slot can hold.
+            SegmentError: the segment is closed in this process.
         """
-        dt, count = self._layouts.get((dtype, shape)) or self._layout(dtype, shape)
+        dt, count = self._layout(dtype, shape)
         # acquire inside (pairs with publish's release): the slot's bytes are whole
-        if not lib.shm_slab_is_ready(self._meta, ref.slot, ref.generation):
+        if not lib.shm_slab_is_ready(self.meta, ref.slot, ref.generation):
             self._check_slot(ref.slot)
-            check_rc(_STALE, self._where("receive", ref))
+            check_rc(_STALE, self.where("receive", ref))
         array = self.segment.view(
             self.data_offset + ref.slot * self.slot_size, dt, count, shape, readonly=True
         )
@@ -314,12 +222,13 @@ class Slab:
                 no such slot; nothing changes.
             ForeignSlot: the slot is another owner's; nothing changes.
             ValueError: ``ref.owner`` is past ``max_owners``.
+            SegmentError: the segment is closed in this process.
         """
-        rc = lib.shm_slab_release(self._meta, ref.slot, ref.generation, ref.owner)
+        rc = lib.shm_slab_release(self.meta, ref.slot, ref.generation, ref.owner)
         if rc:
             if rc == _RANGE:
                 self._check_slot(ref.slot)
-            check_rc(rc, self._where("release", ref))
+            check_rc(rc, self.where("release", ref))
 
     def reclaim(self, owner: int) -> int:
         """Free every slot ``owner`` holds (a dead peer's); returns how many.
@@ -328,7 +237,7 @@ class Slab:
         aborted or released.
         """
         return check_rc(
-            int(lib.shm_slab_reclaim(self._meta, owner)),
+            int(lib.shm_slab_reclaim(self.meta, owner)),
             f"reclaim of owner {owner}'s slots in {self.segment.name} "
             f"(owners 0-{self.max_owners - 1})",
         )
@@ -339,17 +248,17 @@ class Slab:
         """A snapshot of one slot's state, generation and holder."""
         self._check_slot(slot)
         out = ffi.new("shm_slot_info_t *")
-        lib.shm_slab_slot(self._meta, slot, out)
+        lib.shm_slab_slot(self.meta, slot, out)
         return SlotInfo.from_c(out)
 
     def held(self, owner: int) -> int:
         """How many slots ``owner`` holds now (0 for an owner past the slab's)."""
-        return int(lib.shm_slab_held(self._meta, owner))
+        return int(lib.shm_slab_held(self.meta, owner))
 
     def statistics(self) -> SlabStatistics:
         """A snapshot of the slab's counters, read from shared memory."""
         out = ffi.new("shm_slab_stats_t *")
-        lib.shm_slab_stats(self._meta, out)
+        lib.shm_slab_stats(self.meta, out)
         return SlabStatistics.from_c(out)
 
     def slot_address(self, slot: int) -> int:
@@ -385,22 +294,20 @@ class Slab:
     # -- helpers ----------------------------------------------------------
 
     def _layout(self, dtype: Any, shape: tuple[int, ...]) -> tuple[np.dtype[Any], int]:
-        """The NumPy dtype and element count of ``dtype`` x ``shape``, checked to fit
-        a slot, cached per (dtype, shape) for the hot paths."""
-        dt = np.dtype(dtype)
-        count = math.prod(shape)
-        if dt.itemsize * count > self.slot_size:
-            raise ValueError(
-                f"{dt.itemsize * count:,} bytes of {dt} {shape} exceed a slot of "
-                f"{self.segment.name} ({self.slot_size:,} bytes)"
-            )
-        layout = self._layouts[(dtype, shape)] = (dt, count)
+        """The NumPy dtype and element count of ``dtype`` x ``shape``, checked once
+        (:func:`~shm.views.checked_layout`, for a slot's bytes) and cached per
+        (dtype, shape) for the hot paths."""
+        key = (dtype, shape)
+        try:
+            return self._layouts[key]
+        except (KeyError, TypeError):  # not seen yet, or unhashable (never cached)
+            pass
+        layout = checked_layout(dtype, shape, self.slot_size, f"a slot of {self.segment.name}")
+        with contextlib.suppress(TypeError):  # an unhashable dtype spec: checked each time
+            self._layouts[key] = layout
         return layout
 
-    def _layout_of(self, dtype: Any, shape: tuple[int, ...]) -> np.dtype[Any]:
-        return (self._layouts.get((dtype, shape)) or self._layout(dtype, shape))[0]
-
-    def _where(self, call: str, ref: SlotRef) -> str:
+    def where(self, call: str, ref: SlotRef) -> str:
         """For an error message: the call, the reference, and the slot as it is now."""
         where = (
             f"{call} of slot {ref.slot} generation {ref.generation} by owner {ref.owner} "

@@ -3,17 +3,38 @@
 :class:`SlotRef` is what a writer tells a reader (one slot, at one generation,
 held by one owner); :class:`SlotInfo` and :class:`SlabStatistics` are snapshots
 read from the slab's header in shared memory, built from the C structs of
-``csrc/shm_native.h`` field by field, by name. The slab itself is
-:mod:`shm.slab`.
+``csrc/shm_native.h`` field by field, by name. :func:`one_run` is the one
+answer to "are these slots one run" (a batch read as one array), for writers
+and readers alike. The slab itself is :mod:`shm.slab`.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from shm.native import lib
+
+
+def one_run(slots: Sequence[int] | Any) -> bool:
+    """Whether ``slots`` are adjacent and ascending (``s, s+1, ..., s+n-1``): then
+    their bytes are one run of the slab, viewed as one array. Every slot is
+    looked at: the endpoints alone pass ``[10, 12, 11, 13]``.
+
+    ``slots``: slot numbers (a ``uint64`` ``memoryview``, NumPy array or list).
+    """
+    n = len(slots)
+    if n == 0:
+        return False
+    first = int(slots[0])
+    if int(slots[-1]) - first != n - 1:  # the cheap refusal first
+        return False
+    if n <= 2:
+        return True
+    values = slots.tolist() if hasattr(slots, "tolist") else list(slots)
+    return bool(values == list(range(first, first + n)))
 
 
 class SlotState(enum.IntEnum):
