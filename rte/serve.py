@@ -13,7 +13,13 @@ Each turn is a short numbered sequence:
    becomes an ``ERROR`` notice for its sender, never a crash;
 3. step the due sessions with the actions that arrived;
 4. put every emitted chunk, and every notice, into the outbox;
-5. wait for the next tick when a pace is set.
+5. wait for the next tick when a pace is set (:class:`~rte.realtime.Pacer`).
+
+Real time lives in the loop, so every host admits, ranks and paces alike: a
+host brackets each turn with ``begin_turn``/``end_turn`` (the cost model of
+:mod:`rte.realtime`); a paced loop refuses an attach past its real-time
+capacity and filters the due list through the overload governor
+(:mod:`rte.overload`); each chunk carries its receipt (:mod:`rte.receipts`).
 
 :class:`ServeLoop` does steps 2 to 4 and returns what happened as values (a
 list of :class:`~rte.contract.StepResult` and :class:`~rte.contract.Notice`),
@@ -36,6 +42,9 @@ from typing import Any, Protocol
 
 from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
 from rte.errors import AdmissionError, EngineFault, UnknownSessionError
+from rte.overload import DEFAULT_PRIORITY, Governor, check_priority
+from rte.realtime import DEFAULT_MARGIN, Pacer, RealTime
+from rte.receipts import Receipts
 
 
 @dataclass(frozen=True)
@@ -45,12 +54,14 @@ class Attach:
     ``credits``: how many chunks the session may run ahead of its consumer
     (emitted and not yet released); 0 takes the host's default. The loop
     itself does not count them: its host picks the due sessions.
+    ``priority``: its class under overload, 0 (highest) to 3 (see :mod:`rte.overload`).
     """
 
     session: str
     conditioning: Mapping[str, Any] = field(default_factory=dict)
     seq: int = 0
     credits: int = 0
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,8 @@ def default_serve(
     pace_hz: float | None = None,
     idle_wait_s: float = 0.05,
     due: Callable[[list[str]], list[str]] | None = None,
+    admission: str = "realtime",
+    margin: float = DEFAULT_MARGIN,
 ) -> None:
     """Serve ``engine`` until a :class:`Stop` arrives.
 
@@ -132,26 +145,26 @@ def default_serve(
         due: picks, from the attached sessions, those to step this turn (a
             host's backpressure: a consumer that has not caught up); default all.
             A host that makes sessions due again puts :class:`Wake` in the inbox.
+        admission, margin: see :class:`ServeLoop`.
     """
-    loop = ServeLoop(engine)
+    loop = ServeLoop(engine, pace_hz=pace_hz or 0.0, admission=admission, margin=margin)
     pick = due or (lambda sessions: sessions)
-    period = 1.0 / pace_hz if pace_hz else 0.0
-    next_tick = time.monotonic()
     while True:
         block = not pick(loop.sessions)
-        for message in _drain(inbox, block=block, timeout=idle_wait_s):
+        if not block:
+            loop.begin_turn()
+        messages = _drain(inbox, block=block, timeout=idle_wait_s)
+        if block:  # the wait for a message is no part of the turn's cost
+            loop.begin_turn()
+        for message in messages:
             if isinstance(message, Stop):
                 _put(outbox, loop.stop())
                 return
             _put(outbox, loop.handle(message))
         _put(outbox, loop.step(pick(loop.sessions)))
-        if period:
-            next_tick += period
-            delay = next_tick - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_tick = time.monotonic()  # fell behind: do not try to catch up in a burst
+        loop.end_turn()
+        if loop.pacer is not None:
+            loop.pacer.wait()
 
 
 def _put(outbox: Outbox, items: list[OutboxItem]) -> None:
@@ -186,17 +199,73 @@ class ServeLoop:
 
     ``handle`` applies one message, ``step`` advances the due sessions, and
     both return what came of it; neither raises for anything a sender did.
+
+    Args:
+        engine: the engine it steps.
+        pace_hz: the host's pace (0: unpaced); a paced loop has a :attr:`pacer`.
+        admission: ``realtime`` (a paced loop refuses an attach past its real-time
+            capacity) or ``rows`` (only the engine's rows limit admission).
+        margin: the share of the period a turn's predicted cost must leave free.
+        stamp: whether results carry ``applied`` (the daemon reads :attr:`receipts`).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        pace_hz: float = 0.0,
+        admission: str = "realtime",
+        margin: float = DEFAULT_MARGIN,
+        stamp: bool = True,
+    ) -> None:
         self.engine = engine
         self.conditioning: dict[str, dict[str, Any]] = {}  # attached sessions, in order
         self.actions: dict[str, dict[str, Any]] = {}
+        self.act_seqs: dict[str, int] = {}  # the last seq of each session's pending actions
+        manifest = engine.manifest()
+        self.realtime = RealTime(pace_hz, manifest.max_sessions, admission, margin)
+        self.pacer = Pacer(pace_hz) if pace_hz else None
+        self.governor = Governor(pace_hz, self.realtime.budget_s, self._predict)
+        self.receipts = Receipts(manifest.pipelined)
+        self.stamp = stamp
+        self.stepped = 0  # rows stepped in this turn
+        self.turn_s = 0.0  # how long the last turn took
+        self._due_rows = 0  # rows due in this turn before the governor's filter
+        self._began = time.monotonic()
+        self._news: list[OutboxItem] = []  # the governor's notices, out with the next step
 
     @property
     def sessions(self) -> list[str]:
         """The attached sessions, in the order they came."""
         return list(self.conditioning)
+
+    # -- turns: what real time is measured by ------------------------------
+
+    def begin_turn(self) -> None:
+        """A host's turn begins (a paced one's tick: the pacer notes its lateness)."""
+        self.stepped = self._due_rows = 0
+        if self.pacer is not None:
+            self.pacer.begin()
+            self._began = self.pacer.turn_began
+        else:
+            self._began = time.monotonic()
+
+    def end_turn(self) -> None:
+        """The turn (drain, step, deliver) is over: its cost feeds the model and,
+        paced, the governor (whose notices go out with the next step)."""
+        seconds = self.turn_s = time.monotonic() - self._began
+        if self.stepped:
+            self.realtime.cost.add(self.stepped, seconds)
+        if self.pacer is not None and self._due_rows:
+            self._news += self.governor.observe(seconds, self._due_rows)
+
+    def capacity(self) -> int | None:
+        """Sessions this loop's pace holds in real time (None: unpaced or not known yet)."""
+        return self.realtime.capacity()
+
+    def _predict(self, rows: int) -> float | None:
+        cost = self.realtime.cost
+        return cost.predict(rows) if cost.known else None
 
     def handle(self, message: object) -> list[OutboxItem]:
         """Apply one request; the notices (and finalized chunks) it produced."""
@@ -206,9 +275,10 @@ class ServeLoop:
         try:
             match message:
                 case Attach():
-                    self._attach(message.session, message.conditioning, seq, out)
+                    priority = check_priority(message.priority)
+                    self._attach(message.session, message.conditioning, seq, out, priority)
                 case Act():
-                    self._act(message.session, message.action)
+                    self._act(message.session, message.action, seq)
                 case Detach():
                     self._require(message.session)
                     self.detach(message.session, finalize=message.finalize, seq=seq, out=out)
@@ -229,17 +299,27 @@ class ServeLoop:
     def step(self, due: list[str] | None = None) -> list[OutboxItem]:
         """Step ``due`` (default: every attached session) with the actions that arrived."""
         due = self.sessions if due is None else due
+        self._due_rows += len(due)
+        due = self.governor.pick(due)  # overload: reduced classes step every k-th tick
+        news, self._news = self._news, []
         if not due:
-            return []
+            return news
+        self.receipts.settle()
         pending = self.actions
-        actions = {s: Action(pending.pop(s)) for s in due if s in pending} if pending else None
+        actions = seqs = None
+        if pending:
+            actions = {s: Action(pending.pop(s)) for s in due if s in pending}
+            seqs = {s: self.act_seqs.pop(s, 0) for s in actions}
         try:
             results = self.engine.step(due, actions)
         except EngineFault:
             raise
         except Exception as exc:
             return [Notice("", NoticeKind.ERROR, f"step failed: {type(exc).__name__}: {exc}")]
-        return self._emitted(results)
+        self.stepped += len(due)
+        if seqs:
+            self.receipts.handed(results, seqs)
+        return self._emitted(results) + news
 
     def stop(self) -> list[OutboxItem]:
         """Finalize and detach every session."""
@@ -269,7 +349,7 @@ class ServeLoop:
         out = [] if out is None else out
         if finalize:
             try:
-                out += self._emitted(self.engine.finalize([session]))
+                out += self._emitted(self.engine.finalize([session]))  # stamped, then forgotten
             except EngineFault:
                 raise
             except Exception as exc:  # its in-flight chunk is lost; the detach still goes on
@@ -277,26 +357,41 @@ class ServeLoop:
         self.engine.detach(session)
         del self.conditioning[session]
         self.actions.pop(session, None)
+        self.act_seqs.pop(session, None)
+        self.receipts.forget(session)
+        self.governor.remove(session)
         out.append(Notice(session, NoticeKind.DETACHED, reason, seq))
         return out
 
     # -- requests ---------------------------------------------------------
 
     def _attach(
-        self, session: str, conditioning: Mapping[str, Any], seq: int, out: list[OutboxItem]
+        self,
+        session: str,
+        conditioning: Mapping[str, Any],
+        seq: int,
+        out: list[OutboxItem],
+        priority: int = DEFAULT_PRIORITY,
+        *,
+        admit: bool = True,
     ) -> None:
         if not session:
             raise ValueError('the session id "" is reserved (notices about the whole engine)')
+        new = session not in self.conditioning
+        if new and admit:
+            self.realtime.admit(len(self.conditioning))  # AdmissionError past real time
         self.engine.attach(session, conditioning)
-        if session not in self.conditioning:
+        if new:
             self.conditioning[session] = dict(conditioning)
         out.append(Notice(session, NoticeKind.ATTACHED, "", seq))
+        out += self.governor.add(session, priority)  # joining a reduced class: told so
 
-    def _act(self, session: str, action: Action) -> None:
+    def _act(self, session: str, action: Action, seq: int = 0) -> None:
         self._require(session)
         self._check(session, action.conditioning)
         self.actions.setdefault(session, {}).update(action.conditioning)
         self.conditioning[session].update(action.conditioning)
+        self.act_seqs[session] = seq
 
     def _reset(self, message: Reset, out: list[OutboxItem]) -> None:
         session = message.session
@@ -305,8 +400,9 @@ class ServeLoop:
         if fresh is not None:
             self._check(session, fresh)  # refuse before anything changes
         keep = dict(self.conditioning[session] if fresh is None else fresh)
+        priority = self.governor.priority.get(session, DEFAULT_PRIORITY)
         self.detach(session, finalize=message.finalize, seq=message.seq, out=out)
-        self._attach(session, keep, message.seq, out)
+        self._attach(session, keep, message.seq, out, priority, admit=False)  # it had a place
 
     def _check(self, session: str, conditioning: Mapping[str, Any]) -> None:
         """Refuse malformed conditioning now, not at the session's next step."""
@@ -315,6 +411,8 @@ class ServeLoop:
             check(session, Action(conditioning))
 
     def _emitted(self, results: list[StepResult]) -> list[OutboxItem]:
+        if self.stamp:
+            results = self.receipts.stamp(results)
         chunk = ResultKind.CHUNK
         out: list[OutboxItem] = [r for r in results if r.kind is chunk]
         if len(out) < len(results):  # some carry no chunk: their errors become notices

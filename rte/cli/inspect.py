@@ -156,6 +156,26 @@ def _slab_lines(label: str, slab: dict[str, Any]) -> list[str]:
     return lines
 
 
+def capacity_line(rt: dict[str, Any]) -> str:
+    """ "capacity ≈ N sessions at 30 Hz, M attached" (and what is reduced, late, missed)."""
+    if not rt.get("pace_hz"):
+        return f"capacity: unpaced (admission by rows), {rt.get('attached', 0)} attached"
+    hz = f"{rt['pace_hz']:g} Hz"
+    known = rt["capacity"] is not None
+    head = (
+        f"capacity ≈ {rt['capacity']} sessions at {hz}"
+        if known
+        else f"capacity at {hz}: not known yet"
+    )
+    cost = f"  turn ≈ {rt['cost_a_s'] * 1e3:.2f} ms + {rt['cost_b_s'] * 1e3:.3f} ms/session"
+    return (
+        f"{head}, {rt['attached']} attached, {rt['reduced']} reduced  "
+        f"admission {rt['admission']} (margin {rt['margin']:.0%})"
+        + (cost if known else "")
+        + f"  ticks late {rt['ticks_late']} missed {rt['ticks_missed']}"
+    )
+
+
 def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     s, m = snap["summary"], snap["manifest"]
     dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
@@ -168,6 +188,7 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
         f"{m['latent_dtype']}{list(m['latent_shape'])}  "
         f"pipeline depth {m['pipeline_depth_chunks']}  "
         f"input latency {m['input_latency_chunks']} chunk(s)",
+        capacity_line(snap.get("realtime") or {}),
         "",
         f"{'CLIENT':<7}{'PID':>8} {'ALIVE':<6}{'SESS':>5}  "
         f"{'RING':<7}{'CAP':>8}{'USED':>8}{'HIGH':>8}"

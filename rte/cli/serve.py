@@ -86,6 +86,15 @@ OPTIONS = (
     ),
     Option("pace-hz", float, 0.0, "steps per second (0: flat out)"),
     Option(
+        "admission",
+        str,
+        "realtime",
+        "realtime: a paced daemon refuses an attach past the sessions its pace holds "
+        "(measured); rows: only --max-sessions limits admission",
+        ("realtime", "rows"),
+    ),
+    Option("realtime-margin", float, 0.1, "share of the period kept free at admission"),
+    Option(
         "wait-policy",
         str,
         "spin-then-block",

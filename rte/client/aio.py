@@ -42,6 +42,7 @@ from rte.client.batch import ChunkBatch
 from rte.client.inputs import InputLoan
 from rte.contract import Action, Manifest, Notice
 from rte.errors import ClientClosedError, RequestTimeout
+from rte.overload import DEFAULT_PRIORITY
 from rte.serve import Act, Attach, Detach, Request, Reset
 
 T = TypeVar("T")
@@ -91,20 +92,24 @@ class AsyncClient:
         *,
         credits: int = 0,
         timeout: float = 5.0,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """As :meth:`EngineClient.attach`."""
         self._check_open()
         seq = self._client._next_seq()
-        await self._call(Attach(session, dict(conditioning or {}), seq, credits), timeout)
+        request = Attach(session, dict(conditioning or {}), seq, credits, priority)
+        await self._call(request, timeout)
 
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
-    ) -> None:
-        """As :meth:`EngineClient.act`: waits only for room in the request ring."""
+    ) -> int:
+        """As :meth:`EngineClient.act` (returns its seq): waits only for room in the
+        request ring."""
         self._check_open()
         deadline = time.monotonic() + timeout
         request = Act(session, Action(dict(conditioning)), self._client._next_seq())
         await self._send_lent(await self._lend(request, deadline), deadline)
+        return request.seq
 
     async def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
         """As :meth:`EngineClient.loan`, waiting (yielding) for input quota."""

@@ -31,9 +31,11 @@ from rte.client.batch import ChunkBatch
 from rte.client.inputs import InputLoan
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
+from rte.overload import DEFAULT_PRIORITY
 from rte.serve import Act, Attach, Detach, Request, Reset
 
 R = TypeVar("R", bound=Request)
+ADMISSION_RETRY_S = 0.05  # how often attach(wait=...) asks again
 
 _FINAL = {  # the notices that answer each waiting call
     Attach: frozenset({NoticeKind.ATTACHED, NoticeKind.REJECTED, NoticeKind.ERROR}),
@@ -51,7 +53,7 @@ class Chunk:
     a client that holds its whole quota stalls its own sessions.
     """
 
-    __slots__ = ("_release", "chunk", "latent", "lease", "session", "timing")
+    __slots__ = ("_release", "applied", "chunk", "latent", "lease", "session", "timing")
 
     def __init__(
         self,
@@ -61,7 +63,9 @@ class Chunk:
         timing: Timing,
         release: Callable[[Chunk], None],
         lease: Any = None,
+        applied: int = 0,
     ) -> None:
+        self.applied = applied  # the seq of the last action it reflects (0: none)
         self.session = session
         self.chunk = chunk
         self.latent = latent
@@ -160,21 +164,38 @@ class EngineClient(abc.ABC):
         *,
         credits: int = 0,
         timeout: float = 5.0,
+        priority: int = DEFAULT_PRIORITY,
+        wait: float = 0.0,
     ) -> None:
-        """Attach a session. AdmissionError at capacity, RequestError if refused,
-        RequestTimeout without an answer in ``timeout`` s.
+        """Attach a session. AdmissionError at capacity (rows, or the sessions a paced
+        engine holds in real time), RequestError if refused, RequestTimeout
+        without an answer in ``timeout`` s.
 
         ``credits``: how many of its chunks may be emitted and not yet released
         before the session waits for this client (1 to 255; 0: the engine's
         default). Fewer credits, less latency from an action to the chunk that
         shows it; more, more slack for a consumer that releases late.
+        ``priority``: its class under overload, 0 (highest) to 3 (default 1): the
+        lowest class present is stepped at a reduced rate first.
+        ``wait``: seconds to keep asking while the engine is at capacity (the
+        AdmissionError comes once they have passed).
         """
-        request = Attach(session, dict(conditioning or {}), self._next_seq(), credits)
-        self._call(request, timeout)
+        deadline = time.monotonic() + wait
+        while True:
+            request = Attach(session, dict(conditioning or {}), self._next_seq(), credits, priority)
+            try:
+                self._call(request, timeout)
+                return
+            except AdmissionError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(ADMISSION_RETRY_S, left))
 
-    def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> None:
+    def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """Send an action; it applies at the session's next step. Does not wait
         for an answer: a refusal arrives later as a notice (see :meth:`notices`).
+        Returns its ``seq``: each chunk's ``applied`` names the last one it reflects.
 
         A large array (a frame, an image) travels by reference, not through the
         ring: one from :meth:`loan` as it is, any other of 64 KiB or more copied
@@ -184,6 +205,7 @@ class EngineClient(abc.ABC):
         self._check_open()
         request = self._lend(Act(session, Action(dict(conditioning)), self._next_seq()), timeout)
         self._send_lent(request, timeout)
+        return request.seq
 
     def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
         """A buffer for a large input, to fill in place and send by reference:
@@ -257,6 +279,7 @@ class EngineClient(abc.ABC):
             batch.timing(i),
             _release_row,
             (batch, i),
+            batch.applied_of(i),
         )
 
     def _wait_for_chunks(self, timeout: float) -> bool:

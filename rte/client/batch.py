@@ -48,9 +48,13 @@ class ChunkBatch:
         lease: the transport's hold on the batch's memory.
     """
 
+        applied: each row's receipt: the seq of the last action (the value
+            ``act`` returned) its session had applied before the chunk was
+            generated, 0 for none (int64 array, made on first use).
     __slots__ = (
         "_chunks",
         "_generated",
+        "_applied",
         "_held",
         "_release",
         "_start",
@@ -78,7 +82,9 @@ class ChunkBatch:
         start: int = 0,
     ) -> None:
         self.sessions = sessions
+        applied: np.ndarray[Any, Any] | memoryview | Sequence[int] | None = None,
         self._chunks = chunks  # int64s: NumPy arrays, or a record's memoryview until asked
+        self._applied = applied  # None: every row 0
         self.latents = latents
         self.contiguous = isinstance(latents, np.ndarray)
         self._generated = generated_ns
@@ -109,6 +115,20 @@ class ChunkBatch:
 
     def chunk_index(self, i: int) -> int:
         """Row ``i``'s chunk index, without making the array."""
+    @property
+    def applied(self) -> np.ndarray[Any, Any]:
+        """Each row's receipt (int64): the seq of the last action its chunk applied."""
+        if not isinstance(self._applied, np.ndarray):
+            raw = self._applied
+            self._applied = (
+                np.zeros(len(self), np.int64) if raw is None else np.array(raw, np.int64)
+            )
+        return self._applied
+
+    def applied_of(self, i: int) -> int:
+        """Row ``i``'s receipt, without making the array."""
+        return 0 if self._applied is None else int(self._applied[i])
+
         return int(self._chunks[i])
 
     def timing(self, i: int) -> Timing:
@@ -166,6 +186,7 @@ class ChunkBatch:
         return rest
 
     def __enter__(self) -> ChunkBatch:
+            applied=None if self._applied is None else self._applied[start:],
         return self
 
     def __exit__(self, *exc: object) -> None:

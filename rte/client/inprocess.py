@@ -33,6 +33,7 @@ from rte.client.inputs import by_reference
 from rte.contract import Engine, Notice, NoticeKind, StepResult
 from rte.errors import EngineGone, RequestTimeout
 from rte.ipc.wire import encode_request
+from rte.realtime import ADMISSIONS
 from rte.serve import DEFAULT_CREDITS, Attach, Request, Stop, Wake, default_serve
 
 STOP_TIMEOUT_S = 30.0
@@ -49,6 +50,8 @@ class InProcessClient(EngineClient):
             (default: two per row).
         credits: each session's default credits (see :meth:`EngineClient.attach`).
         pace_hz: target steps per second; None steps as fast as possible.
+        admission: ``realtime`` (paced: an attach past the sessions the pace holds,
+            as measured, is refused) or ``rows`` (see :class:`rte.serve.ServeLoop`).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class InProcessClient(EngineClient):
         quota: int | None = None,
         credits: int = DEFAULT_CREDITS,
         pace_hz: float | None = None,
+        admission: str = "realtime",
     ) -> None:
         manifest = engine.manifest()
         super().__init__("in-process", manifest)
@@ -66,6 +70,8 @@ class InProcessClient(EngineClient):
         if self.quota < 1 or credits < 1:
             raise ValueError(f"quota and credits must be at least 1, got {self.quota}, {credits}")
         self.credits = credits
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, not {admission!r}")
         self._inbox: queue.Queue[Request | Stop | Wake] = queue.Queue(INBOX_LIMIT)
         self._outbox: queue.Queue[_Step | Notice] = queue.Queue()
         self._lock = threading.Lock()  # the counts below: the loop thread and ours
@@ -79,14 +85,22 @@ class InProcessClient(EngineClient):
         self._sleeping = False  # an event loop waits on _wakes for the outbox
         self._wakes = -1  # an eventfd, made when an event loop first waits (rte.client.aio)
         self._thread = threading.Thread(
-            target=self._serve, args=(pace_hz,), name="rte-inprocess", daemon=True
+            target=self._serve, args=(pace_hz, admission), name="rte-inprocess", daemon=True
         )
         self._failure: BaseException | None = None
         self._thread.start()
 
-    def _serve(self, pace_hz: float | None) -> None:
+    def _serve(self, pace_hz: float | None, admission: str) -> None:
         try:
-            default_serve(self.engine, self._inbox, _Outbox(self), pace_hz=pace_hz, due=self._due)
+            outbox = _Outbox(self)
+            default_serve(
+                self.engine,
+                self._inbox,
+                outbox,
+                pace_hz=pace_hz,
+                due=self._due,
+                admission=admission,
+            )
         except BaseException as exc:  # the client must say why its engine is gone
             self._failure = exc
         finally:
@@ -164,6 +178,7 @@ class InProcessClient(EngineClient):
             taken_ns=taken,
             release=self._release_rows,
             lease=lease,
+            applied=[r.applied for r in results],
         )
 
     def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:

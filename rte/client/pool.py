@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rte.client.base import EngineClient, R
+from rte.client.base import ADMISSION_RETRY_S, EngineClient, R
 from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmClient
 from rte.contract import Notice, NoticeKind
@@ -42,6 +42,7 @@ from rte.errors import AdmissionError, EngineGone, RteError
 from rte.ipc.claims import ClientState
 from rte.ipc.inputs import conditioning_of
 from rte.ipc.values import InputRef
+from rte.overload import DEFAULT_PRIORITY
 from rte.serve import Act, Attach, Request, Reset
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
@@ -107,8 +108,31 @@ class PoolClient(EngineClient):
         *,
         credits: int = 0,
         timeout: float = 5.0,
+        priority: int = DEFAULT_PRIORITY,
+        wait: float = 0.0,
     ) -> None:
-        """As :meth:`EngineClient.attach`, on the daemon with the most free rows."""
+        """As :meth:`EngineClient.attach`, on the daemon with the most free rows; a
+        daemon that refuses (rows, or its real-time capacity) passes it to the next.
+        ``wait``: seconds to keep trying them all while every one refuses."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._attach_once(session, conditioning, credits, timeout, priority)
+                return
+            except AdmissionError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(ADMISSION_RETRY_S, left))
+
+    def _attach_once(
+        self,
+        session: str,
+        conditioning: Mapping[str, Any] | None,
+        credits: int,
+        timeout: float,
+        priority: int,
+    ) -> None:
         self._check_open()
         self._rejoin()
         if not self.live():
@@ -123,7 +147,9 @@ class PoolClient(EngineClient):
         for name in order:
             self._choice = name
             try:
-                super().attach(session, conditioning, credits=credits, timeout=timeout)
+                super().attach(
+                    session, conditioning, credits=credits, timeout=timeout, priority=priority
+                )
             except AdmissionError as exc:
                 refused.append(f"{name}: {exc}")
                 continue

@@ -340,6 +340,7 @@ class ShmClient(EngineClient):
             taken_ns=taken,
             release=self._release_rows,
             lease=lease,
+            applied=step.applied,
         )
 
     def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:

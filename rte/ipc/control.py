@@ -3,7 +3,8 @@
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
                     next tick time (paced), delivery histogram (rte.ipc.latency)
-    page 2          daemon block, continued: step-time histogram, both histograms' sums
+    page 2          daemon block, continued: step-time histogram, both histograms' sums,
+                    real time (capacity, pace, attached, reduced, cost model, ticks)
     page 3...       client table: one 128-byte entry per client slot (rte.ipc.claims)
     then            per client slot, its credit block (:class:`ClientBlock`)
     then            per client slot, two rings: inbox (client -> daemon), outbox
@@ -80,6 +81,25 @@ _HISTOGRAM = 2816  # emitted -> pushed, latency.BUCKETS words
 # the daemon block's second page: step times (latency.BUCKETS words), then the sums
 _STEP_HISTOGRAM = PAGE
 _DELIVERY_SUM, _STEP_SUM = PAGE + 8 * latency.BUCKETS, PAGE + 8 * latency.BUCKETS + 8
+_REALTIME = _STEP_SUM + 8  # RealTimeWord words, written by the serve thread
+
+
+class RealTimeWord(enum.IntEnum):
+    """The daemon's real-time words (:meth:`Control.realtime`), one u64 each.
+    Zero in a segment of a daemon that wrote none: every one reads "unknown"."""
+
+    CAPACITY = 0  # sessions its pace holds in real time, plus 1 (0: unpaced or not known)
+    PACE_MHZ = 1  # its pace in millihertz (0: unpaced)
+    ATTACHED = 2  # sessions attached
+    REDUCED = 3  # sessions stepped at a reduced rate (overload)
+    COST_A_NS = 4  # the turn's cost model t(n) = a + b*n: a, in ns
+    COST_B_NS = 5  # ... and b, in ns per row
+    TICKS_LATE = 6  # paced ticks begun more than half a period late
+    TICKS_MISSED = 7  # paced ticks skipped: a turn ran past the next one
+    ADMISSION = 8  # 1: by real time, 2: by rows (0: not written)
+    MARGIN_PERMILLE = 9  # the share of the period kept free, in thousandths
+
+
 # client block word indices
 _STARVED, _CLIENT_HISTOGRAM = 0, 8
 _CONSUMED = _CLIENT_HISTOGRAM + latency.BUCKETS
@@ -300,6 +320,29 @@ class Control:
 
     def set_next_tick(self, ns: int) -> None:
         lib.shm_store_release(self._word(_NEXT_TICK), ns)
+
+    def publish_realtime(self, values: dict[RealTimeWord, int]) -> None:
+        """Write real-time words (the serve thread; release stores, each word whole)."""
+        for word, value in values.items():
+            lib.shm_store_release(self._word(_REALTIME + 8 * word), max(0, int(value)))
+
+    def realtime(self) -> dict[str, Any]:
+        """The real-time words as figures: ``capacity`` (None: not known or unpaced),
+        ``pace_hz``, ``attached``, ``reduced``, ``cost_a_s``, ``cost_b_s``,
+        ``ticks_late``, ``ticks_missed``, ``admission``, ``margin``."""
+        raw = {w: int(lib.shm_load_acquire(self._word(_REALTIME + 8 * w))) for w in RealTimeWord}
+        return {
+            "capacity": raw[RealTimeWord.CAPACITY] - 1 if raw[RealTimeWord.CAPACITY] else None,
+            "pace_hz": raw[RealTimeWord.PACE_MHZ] / 1000,
+            "attached": raw[RealTimeWord.ATTACHED],
+            "reduced": raw[RealTimeWord.REDUCED],
+            "cost_a_s": raw[RealTimeWord.COST_A_NS] / 1e9,
+            "cost_b_s": raw[RealTimeWord.COST_B_NS] / 1e9,
+            "ticks_late": raw[RealTimeWord.TICKS_LATE],
+            "ticks_missed": raw[RealTimeWord.TICKS_MISSED],
+            "admission": {1: "realtime", 2: "rows"}.get(raw[RealTimeWord.ADMISSION]),
+            "margin": raw[RealTimeWord.MARGIN_PERMILLE] / 1000,
+        }
 
     def count(self, counter: Counter, n: int = 1) -> None:
         lib.shm_fetch_add(self._word(_COUNTERS + 8 * counter), n)

@@ -19,8 +19,15 @@ stops it. Each turn is a short numbered sequence:
    and tell it why; disconnect a client that floods requests without reading;
 5. wait: on the doorbell when idle (by the wait policy; a client whose
    sessions are out of credit is marked starved, so that its next release
-   rings), or for the next tick when paced (published in the control block
+   rings), or for the next tick when paced (the shared
+   :class:`~rte.realtime.Pacer`; the tick is published in the control block
    before each turn, so that clients spin only around it).
+
+Each turn is bracketed by the serve loop's ``begin_turn``/``end_turn``: its
+cost model, real-time admission and overload governor are the in-process
+host's too. What they know (capacity, pace, sessions attached and reduced, the
+cost model, late ticks) is published in the control block for ``rte inspect``
+and Prometheus (:meth:`DaemonCore.publish_realtime`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
-from rte.ipc.control import Control, Counter, DaemonState
+from rte.ipc.control import Control, Counter, DaemonState, RealTimeWord
 from rte.ipc.inputs import InputRefused, Inputs, conditioning_of, with_conditioning
 from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
@@ -55,7 +62,6 @@ _LOGGED = {*_COMINGS, NoticeKind.ERROR, NoticeKind.REJECTED}
 SCAN_EVERY_S = 0.1
 IDLE_SLEEP_S = 0.05  # the longest sleep: the loop must come round to beat and scan
 ORPHAN_RETRY_S = 1.0  # how often the detach of a session the engine kept is retried
-TICK_SPIN_S = 0.0005  # a paced daemon spins this long before each tick
 IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
 BEAT_EVERY_S = 0.001  # the heartbeat and the step and chunk counters are written this often
 
@@ -109,8 +115,15 @@ class DaemonCore:
             )
         else:
             self.engine = ComposedEngine(model, allocator=self.allocator)
-        self.loop = ServeLoop(self.engine)
+        self.loop = ServeLoop(
+            self.engine,
+            pace_hz=settings.pace_hz,
+            admission=settings.admission,
+            margin=settings.realtime_margin,
+            stamp=False,  # Outbound reads the receipts into each STEP record
+        )
         self.out = Outbound(shared.control, shared.slab, self.table, self.router, self.allocator)
+        self.out.receipts = self.loop.receipts
         self.policy = WaitPolicy(settings.wait_policy)
         self.step_times = shared.control.step_histogram  # for rte inspect and Prometheus
         self.failure: BaseException | None = None
@@ -125,20 +138,17 @@ class DaemonCore:
     def run(self, stopping: threading.Event) -> None:
         """Serve until ``stopping`` is set; then finalize every session. A failure
         of the loop itself is kept in :attr:`failure` (the process reports it)."""
-        period = 1.0 / self.settings.pace_hz if self.settings.pace_hz else 0.0
-        next_tick = time.monotonic()
+        pacer = self.loop.pacer
+        self.publish_realtime()
         try:
             while not stopping.is_set():
-                if period:  # 5. clients may sleep until just before the next one
-                    self.control.set_next_tick(int((next_tick + period) * 1e9))
+                self.loop.begin_turn()
+                if pacer is not None:  # 5. clients may sleep until just before the next one
+                    self.control.set_next_tick(int(pacer.next_tick * 1e9))
                 stepped = self.turn()
-                if period:
-                    next_tick += period
-                    delay = next_tick - time.monotonic()
-                    if delay > 0:
-                        self._sleep_until(next_tick, stopping)
-                    else:
-                        next_tick = time.monotonic()
+                self.loop.end_turn()
+                if pacer is not None:
+                    pacer.wait(stopping.wait)
                 elif not stepped:
                     self._idle_wait()
         except BaseException as exc:  # the daemon must say why it died
@@ -147,15 +157,25 @@ class DaemonCore:
         finally:
             self.finish()
 
-    @staticmethod
-    def _sleep_until(tick: float, stopping: threading.Event) -> None:
-        """A paced daemon's wait for its next tick: asleep until just before it, then
-        awake (a sleeping core wakes late and cold), so the step starts on time."""
-        nap = tick - TICK_SPIN_S - time.monotonic()
-        if nap > 0:
-            stopping.wait(nap)
-        while time.monotonic() < tick and not stopping.is_set():
-            pass
+    def publish_realtime(self) -> None:
+        """What the serve loop knows of real time, into the control block."""
+        loop, pacer = self.loop, self.loop.pacer
+        capacity = loop.capacity()
+        a, b = loop.realtime.cost.coefficients()
+        self.control.publish_realtime(
+            {
+                RealTimeWord.CAPACITY: 0 if capacity is None else capacity + 1,
+                RealTimeWord.PACE_MHZ: round(self.settings.pace_hz * 1000),
+                RealTimeWord.ATTACHED: len(loop.conditioning),
+                RealTimeWord.REDUCED: loop.governor.reduced(),
+                RealTimeWord.COST_A_NS: round(a * 1e9),
+                RealTimeWord.COST_B_NS: round(b * 1e9),
+                RealTimeWord.TICKS_LATE: pacer.late if pacer is not None else 0,
+                RealTimeWord.TICKS_MISSED: pacer.missed if pacer is not None else 0,
+                RealTimeWord.ADMISSION: 1 if loop.realtime.admission == "realtime" else 2,
+                RealTimeWord.MARGIN_PERMILLE: round(loop.realtime.margin * 1000),
+            }
+        )
 
     def turn(self) -> bool:
         """One turn of the loop; True when some session stepped."""
@@ -171,6 +191,7 @@ class DaemonCore:
                 self._reap(dead)
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
             self._retry_orphans(now)
+            self.publish_realtime()
         for connection in list(self.table.connections.values()):  # 2.
             try:
                 if connection.backlog:
@@ -224,6 +245,7 @@ class DaemonCore:
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
         self._count_steps()
+        self.publish_realtime()
         if self.failure is not None:  # clients' EngineGone says it
             self.control.set_reason(f"{type(self.failure).__name__}: {self.failure}")
         self.control.set_state(DaemonState.STOPPING)

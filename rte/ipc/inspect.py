@@ -140,6 +140,7 @@ def snapshot(name: str) -> dict[str, Any]:
             "emitted_to_pushed_sum_ns": _total(control.histogram),
             "step_ns": control.step_histogram.counts().tolist(),
             "step_sum_ns": _total(control.step_histogram),
+            "realtime": control.realtime(),  # capacity at its pace, attached, reduced...
             "taken_at": time.time(),
         }
     finally:

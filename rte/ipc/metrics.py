@@ -72,6 +72,32 @@ def prometheus(snap: dict[str, Any]) -> str:
     metric("sessions", "gauge", "Sessions attached.", sessions)
     clients = snap["clients"]
     metric("clients", "gauge", "Clients connected.", [(daemon, len(clients))])
+    rt = snap.get("realtime") or {}
+    for name, text, value in (
+        (
+            "capacity_sessions",
+            "Sessions the pace holds in real time (-1: unknown).",
+            -1 if rt.get("capacity") is None else rt["capacity"],
+        ),
+        ("pace_hz", "The daemon's pace (0: unpaced).", rt.get("pace_hz", 0)),
+        (
+            "sessions_reduced",
+            "Sessions stepped at a reduced rate (overload).",
+            rt.get("reduced", 0),
+        ),
+        (
+            "turn_cost_seconds",
+            "The turn's cost model: seconds per turn (a).",
+            rt.get("cost_a_s", 0),
+        ),
+        ("turn_cost_row_seconds", "... and per session (b).", rt.get("cost_b_s", 0)),
+    ):
+        metric(name, "gauge", text, [(daemon, value)])
+    for name, key, text in (
+        ("ticks_late_total", "ticks_late", "Paced ticks begun over half a period late."),
+        ("ticks_missed_total", "ticks_missed", "Paced ticks skipped: a turn ran past the next."),
+    ):
+        metric(name, "counter", text, [(daemon, rt.get(key, 0))])
     counters = snap["counters"]
     for key, (name, text) in COUNTERS.items():
         metric(name, "counter", text, [(daemon, counters.get(key, 0))])

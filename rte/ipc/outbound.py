@@ -4,7 +4,10 @@ A step's chunks go to each owner as one STEP record naming their slab slots
 (published first, in one call; released at once if nobody can take them), and
 the owner's sessions are charged what they were sent against their credits. A
 notice goes where the :class:`~rte.ipc.router.Router` says, encoded to fit the
-ring it goes to (an ATTACHED one carries the session's handle).
+ring it goes to (an ATTACHED one carries the session's handle). Each STEP
+record carries every row's receipt (the seq of the last action its chunk
+applied, from the serve loop's :class:`~rte.receipts.Receipts`; none while no
+session has acted).
 Nothing here raises for one client's state: a client whose ring and backlog
 are full loses the answer, which is counted, and is told how many once it
 reads again. The daemon's counters in the control segment are kept here.
@@ -24,6 +27,7 @@ from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.control import Control, Counter
 from rte.ipc.router import Router
 from rte.ipc.wire import encode_notice, encode_step, stamp_pushed
+from rte.receipts import Receipts
 from rte.serve import OutboxItem
 from shm import ShmError, Slab
 from shm.batch import Words, release_slots
@@ -52,6 +56,7 @@ class Outbound:
         self.router = router
         self.allocator = allocator
         self.histogram = control.histogram
+        self.receipts: Receipts | None = None  # the serve loop's, set by the core
         self._emitted = 0
 
     def deliver(
@@ -116,6 +121,8 @@ class Outbound:
                 index = np.array(handles, np.intp)
                 owner.handle_cache = (sessions, handles, index)
         if handles is not None and live:
+            receipts = self.receipts
+            applied = receipts.column(sessions, chunks) if receipts is not None else None
             record = encode_step(
                 slots,
                 generations,
@@ -124,6 +131,7 @@ class Outbound:
                 handles,
                 contiguous=contiguous,
                 emitted_ns=emitted_ns,
+                applied=applied,
             )
             pushed = time.monotonic_ns()
             stamp_pushed(record, pushed)

@@ -91,6 +91,9 @@ class Settings:
         input_slot_kib: each input slot's size (the largest input one carries).
         engines: engines this daemon serves, each of ``max_sessions`` rows, sessions
             routed over them (a ReplicaEngine): for models that cannot batch.
+        admission: ``realtime`` (a paced daemon refuses an attach past its
+            real-time capacity) or ``rows`` (only the rows limit: the old rule).
+        realtime_margin: the share of the period a turn's predicted cost leaves free.
     """
 
     name: str
@@ -110,6 +113,8 @@ class Settings:
     input_slots: int | None = None
     input_slot_kib: int = 1024
     engines: int = 1
+    admission: str = "realtime"
+    realtime_margin: float = 0.1
 
     def __post_init__(self) -> None:
         try:
@@ -142,6 +147,12 @@ class Settings:
             )
         if not self.idle_limit_s > 0:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
+        if self.admission not in ("realtime", "rows"):
+            raise ConfigurationError(f"--admission {self.admission!r}: one of realtime, rows")
+        if not 0 <= self.realtime_margin < 1:
+            raise ConfigurationError(
+                f"--realtime-margin {self.realtime_margin}: a share of the period, 0 to below 1"
+            )
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigurationError(f"--device {self.device!r}: one of cpu, cuda, cuda:N")
         if self.input_slots is not None and self.input_slots:

@@ -9,10 +9,11 @@ Fixed binary headers (``struct``), never pickles:
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
 conditioning (:mod:`rte.ipc.values`), RESET an optional one, DETACH nothing;
 BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
-daemon's default). Daemon to client: NOTICE carries a
-:class:`~rte.contract.NoticeKind` in ``code`` (one to one: the enum's values
-are the codes) and a message; an ATTACHED notice's ``handle`` is the small
-number by which STEP records name that session until it is DETACHED.
+daemon's default) and its ``handle`` field its priority class (0 to 3).
+Daemon to client: NOTICE carries a :class:`~rte.contract.NoticeKind` in
+``code`` (one to one: the enum's values are the codes) and a message; an
+ATTACHED notice's ``handle`` is the small number by which STEP records name
+that session until it is DETACHED.
 
 STEP is one record per client and step, however many chunks: where they lie
 in the slab, as columns the client reads in place (``memoryview`` s of the
@@ -21,7 +22,10 @@ record: no Python object per chunk, no NumPy call):
     fixed    n u32 | flags u32 (1: the slots are one run) | emitted_ns i64 |
              pushed_ns i64 | reserved u32
     columns  slot u64[n] | generation u64[n] | chunk i64[n] | generated_ns i64[n] |
-             handle u32[n]
+             handle u32[n] | applied u32[n]
+
+``applied`` is the seq of the last action each chunk's session had applied
+before the chunk was generated (:mod:`rte.receipts`; 0: none).
 
 The columns start 8-aligned (header and fixed part are 40 bytes), so the C
 reads the slot and generation columns in place.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import numbers
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,20 +71,49 @@ class Bye:
 HEADER = struct.Struct("<BBHII")
 STEP = struct.Struct("<IIqqI")  # n, flags, emitted_ns, pushed_ns, reserved
 STEP_AT = HEADER.size + STEP.size  # where the columns begin: 8-aligned
-STEP_ROW_BYTES = 8 + 8 + 8 + 8 + 4  # bytes of the columns per chunk
+STEP_ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # bytes of the columns per chunk
+MAX_PRIORITY = 3
 MAX_CREDITS = 255
 MAX_SESSION_BYTES = 256
 TRUNCATED = " [truncated]"
 _CONDITIONED = (RecordType.ATTACH, RecordType.ACT, RecordType.RESET)
 
 
-def _header(kind: RecordType, session: str, seq: int, code: int = 0) -> bytes:
-    name = session.encode()
+def _header(kind: RecordType, session: str, seq: int, code: int = 0, handle: int = 0) -> bytes:
+    name = session_bytes(session)
+    return HEADER.pack(kind, code, len(name), seq & 0xFFFFFFFF, handle) + name
+
+
+def session_bytes(session: object) -> bytes:
+    """A session id as a record carries it; WireError unless it is a str of valid
+    UTF-8 (no lone surrogate) of at most MAX_SESSION_BYTES bytes."""
+    if not isinstance(session, str):
+        raise WireError(f"a session id is a str, not {type(session).__name__}")
+    try:
+        name = session.encode()
+    except UnicodeEncodeError as exc:
+        raise WireError(
+            f"session id {session!r} is not valid UTF-8 text ({exc.reason} at {exc.start}); "
+            "use another id"
+        ) from None
     if len(name) > MAX_SESSION_BYTES:
         raise WireError(
             f"session id of {len(name)} bytes is longer than {MAX_SESSION_BYTES}; use a shorter id"
         )
-    return HEADER.pack(kind, code, len(name), seq & 0xFFFFFFFF, 0) + name
+    return name
+
+
+def checked_credits(credits: object) -> int:
+    """An attach's credits as a record carries them; WireError unless a whole number
+    from 0 (the daemon's default) to MAX_CREDITS (a bool is not one)."""
+    if isinstance(credits, bool) or not isinstance(credits, numbers.Integral):
+        raise WireError(
+            f"credits must be a whole number, 1 to {MAX_CREDITS} (0: the default), not {credits!r}"
+        )
+    value = int(credits)
+    if not 0 <= value <= MAX_CREDITS:
+        raise WireError(f"credits {value}: must be 1 to {MAX_CREDITS} (0: the default)")
+    return value
 
 
 # -- client to daemon -----------------------------------------------------------
@@ -89,10 +123,12 @@ def encode_request(message: Request | Bye) -> bytes:
     """One request record; WireError for what cannot be sent (checked before sending)."""
     match message:
         case Attach():
-            if not 0 <= message.credits <= MAX_CREDITS:
-                raise WireError(f"credits must be 1 to {MAX_CREDITS} (0: the default)")
+            checked_credits(message.credits)
+            _check_priority(message.priority)
             body = encode_value(dict(message.conditioning))
-            head = _header(RecordType.ATTACH, message.session, message.seq, message.credits)
+            head = _header(
+                RecordType.ATTACH, message.session, message.seq, message.credits, message.priority
+            )
             return head + body
         case Act():
             body = encode_value(dict(message.action.conditioning))
@@ -106,6 +142,14 @@ def encode_request(message: Request | Bye) -> bytes:
         case Bye():
             return _header(RecordType.BYE, "", 0)
     raise WireError(f"{type(message).__name__} is not a request")
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise WireError(f"priority must be a whole number 0 to {MAX_PRIORITY}, not {priority!r}")
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise WireError(f"priority must be 0 (highest) to {MAX_PRIORITY}, not {priority}")
+    return priority
 
 
 def request_seq(record: bytes) -> int:
@@ -122,7 +166,8 @@ def decode_request(record: bytes) -> Request | Bye:
         if value is not None and not isinstance(value, dict):
             raise WireError(f"conditioning must be a mapping, got {type(value).__name__}")
         if kind is RecordType.ATTACH:
-            return Attach(session, value or {}, seq, credits=code)
+            priority = _check_priority(HEADER.unpack_from(record)[4])
+            return Attach(session, value or {}, seq, credits=code, priority=priority)
         if kind is RecordType.ACT:
             return Act(session, Action(value or {}), seq)
         return Reset(session, value, seq)
@@ -162,9 +207,10 @@ def encode_step(
     *,
     contiguous: bool,
     emitted_ns: int,
+    applied: Sequence[int] | None = None,
 ) -> bytearray:
     """One STEP record for ``len(slots)`` chunks, packed in one call; stamp it with
-    :func:`stamp_pushed` right before pushing it."""
+    :func:`stamp_pushed` right before pushing it. ``applied`` None: all 0."""
     n = len(slots)
     generated = [generated_ns] * n if isinstance(generated_ns, int) else generated_ns
     record = bytearray(STEP_AT + n * STEP_ROW_BYTES)
@@ -173,12 +219,19 @@ def encode_step(
     _columns(n).pack_into(
         record, STEP_AT, *slots.tolist(), *generations.tolist(), *chunks, *generated, *handles
     )
+    if applied is not None:
+        _applied(n).pack_into(record, STEP_AT + (STEP_ROW_BYTES - 4) * n, *applied)
     return record
 
 
 @functools.cache
 def _columns(n: int) -> struct.Struct:
     return struct.Struct(f"<{n}Q{n}Q{n}q{n}q{n}I")
+
+
+@functools.cache
+def _applied(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}I")
 
 
 def stamp_pushed(record: bytearray, pushed_ns: int) -> None:
@@ -190,7 +243,7 @@ class StepColumns(NamedTuple):
     """A STEP record's columns as ``memoryview`` s of the record (no NumPy call:
     the client's path from the ring to a batch). ``slots`` and ``generations``
     are unsigned words the C reads in place; ``chunks`` and ``generated_ns``
-    signed; ``handles`` a list."""
+    signed; ``handles`` a list; ``applied`` unsigned (each row's receipt)."""
 
     contiguous: bool
     emitted_ns: int
@@ -200,6 +253,7 @@ class StepColumns(NamedTuple):
     chunks: memoryview
     generated_ns: memoryview
     handles: list[int]
+    applied: memoryview
 
 
 def step_columns(record: bytes) -> StepColumns | None:
@@ -222,7 +276,8 @@ def step_columns(record: bytes) -> StepColumns | None:
         words[8 * n : 16 * n].cast("Q"),
         words[16 * n : 24 * n].cast("q"),
         words[24 * n :].cast("q"),
-        view[STEP_AT + 32 * n :].cast("I").tolist(),
+        view[STEP_AT + 32 * n : STEP_AT + 36 * n].cast("I").tolist(),
+        view[STEP_AT + 36 * n :].cast("I"),
     )
 
 

@@ -1,0 +1,219 @@
+"""Real time through real hosts: capacity measured and published, admission by it,
+priority reduction and restoration under overload, receipts on every chunk.
+
+A model whose step costs a known time per row (tests/rowcost_model.py) makes
+the capacity at a pace predictable; assertions are on behaviour and broad
+bands, never on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import DaemonProcess, wait_for
+from rowcost_model import RowCostModel
+
+from rte.client import EngineClient, InProcessClient
+from rte.composed import ComposedEngine
+from rte.contract import NoticeKind
+from rte.errors import AdmissionError
+from rte.ipc.inspect import snapshot
+from rte.models.null import NullModel, tag_of
+
+PACE = 20  # Hz: a 50 ms period, 45 ms with the margin
+ROW_MS = 4.0  # so about 11 sessions fit
+REFUSED = re.compile(r"real-time capacity (\d+) sessions at 20 Hz reached \((\d+) attached\)")
+
+
+def _consume(client: EngineClient, seconds: float) -> dict[str, int]:
+    """Release every chunk for ``seconds``; the chunks each session got."""
+    got: dict[str, int] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        batch = client.poll_batch(timeout=0.05)
+        if batch is not None:
+            with batch:
+                for s in batch.sessions:
+                    got[s] = got.get(s, 0) + 1
+    return got
+
+
+def _attach_until_refused(client: EngineClient, limit: int) -> tuple[int, str | None]:
+    for i in range(limit):
+        try:
+            client.attach(f"s{i}")
+        except AdmissionError as exc:
+            return i, str(exc)
+        _consume(client, 0.5)  # turns of every size: the model sees the slope
+    return limit, None
+
+
+@pytest.fixture
+def rowcost_daemon(shm_prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    made: list[DaemonProcess] = []
+    cost = tmp_path / "cost"
+    cost.write_text("1")
+
+    def start(*args: str) -> DaemonProcess:
+        env = {"RTE_TEST_ROW_MS": str(ROW_MS), "RTE_TEST_COST_FILE": str(cost)}
+        daemon = DaemonProcess(
+            f"{shm_prefix}rt{len(made)}",
+            "--model",
+            "rowcost_model:rowcost",
+            "--max-sessions",
+            "24",
+            "--pace-hz",
+            str(PACE),
+            *args,
+            env=env,
+        )
+        made.append(daemon)
+        return daemon
+
+    yield start, cost  # type: ignore[misc]
+    for daemon in made:
+        assert daemon.stop() == 0, daemon.stderr
+
+
+def test_a_paced_daemon_refuses_past_its_real_time_capacity_and_publishes_it(
+    rowcost_daemon: tuple,  # type: ignore[type-arg]
+) -> None:
+    start, _ = rowcost_daemon
+    daemon = start()
+    with daemon.client() as client:
+        admitted, refusal = _attach_until_refused(client, 24)
+        assert refusal is not None, f"all {admitted} admitted: no real-time refusal"
+        match = REFUSED.search(refusal)
+        assert match, refusal
+        capacity = int(match.group(1))
+        assert 5 <= capacity <= 16, refusal  # about 45 ms / 4 ms per session
+        assert int(match.group(2)) == admitted
+        wait_for(lambda: snapshot(daemon.name)["realtime"]["attached"] == admitted)
+        shown = subprocess.run(
+            [sys.executable, "-m", "rte", "inspect", daemon.name, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        rt = json.loads(shown.stdout)["realtime"]
+        assert rt["pace_hz"] == PACE and rt["admission"] == "realtime"
+        assert 5 <= rt["capacity"] <= 16 and rt["reduced"] == 0
+        text = subprocess.run(
+            [sys.executable, "-m", "rte", "inspect", daemon.name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        assert re.search(rf"capacity ≈ \d+ sessions at 20 Hz, {admitted} attached", text), text
+        prom = subprocess.run(
+            [sys.executable, "-m", "rte", "inspect", daemon.name, "--prometheus"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        assert re.search(r"^rte_capacity_sessions\{[^}]*\} \d+$", prom, re.M), prom
+        assert re.search(r"^rte_pace_hz\{[^}]*\} 20$", prom, re.M), prom
+
+
+def test_admission_by_rows_admits_past_the_real_time_capacity(
+    rowcost_daemon: tuple,  # type: ignore[type-arg]
+) -> None:
+    start, _ = rowcost_daemon
+    daemon = start("--admission", "rows")
+    with daemon.client() as client:
+        admitted, refusal = _attach_until_refused(client, 18)
+        assert refusal is None and admitted == 18
+
+
+def _reduction_body(client: EngineClient, cost: Path) -> None:
+    for s in ("hi0", "hi1"):
+        client.attach(s, priority=0)
+    for s in ("lo0", "lo1", "lo2", "lo3"):
+        client.attach(s, priority=3)
+    _consume(client, 1.0)
+    cost.write_text("3")  # 6 rows x 12 ms: past the 50 ms period
+    notices: list = []  # type: ignore[type-arg]
+    deadline = time.monotonic() + 20
+    while not {n.session for n in notices if n.kind is NoticeKind.REDUCED} >= {"lo0", "lo3"}:
+        assert time.monotonic() < deadline, f"no REDUCED notices: {notices}"
+        _consume(client, 0.2)
+        notices += client.notices()
+    assert not any(n.session.startswith("hi") for n in notices), notices
+    assert "tick" in next(n for n in notices if n.kind is NoticeKind.REDUCED).message
+    got = _consume(client, 3.0)
+    assert all(got.get(s, 0) > 0 for s in ("lo0", "lo1", "lo2", "lo3")), got  # none starves
+    assert min(got["hi0"], got["hi1"]) > max(got[f"lo{i}"] for i in range(4)), got
+    cost.write_text("1")
+    deadline = time.monotonic() + 40
+    while not {n.session for n in notices if n.kind is NoticeKind.RESTORED} >= {"lo0", "lo3"}:
+        assert time.monotonic() < deadline, f"no RESTORED notices: {notices}"
+        _consume(client, 0.2)
+        notices += client.notices()
+
+
+def test_overload_reduces_the_low_class_and_restores_it_in_process(tmp_path: Path) -> None:
+    cost = tmp_path / "cost"
+    cost.write_text("1")
+    model = RowCostModel(8, row_ms=ROW_MS, cost_file=str(cost))
+    with InProcessClient(ComposedEngine(model), pace_hz=PACE) as client:
+        _reduction_body(client, cost)
+
+
+def test_overload_reduces_the_low_class_and_restores_it_in_a_daemon(
+    rowcost_daemon: tuple,  # type: ignore[type-arg]
+) -> None:
+    start, cost = rowcost_daemon
+    daemon = start()
+    with daemon.client() as client:
+        _reduction_body(client, cost)
+
+
+def _receipts_body(client: EngineClient) -> None:
+    client.attach("a", {"tag": 0})
+    tag_of_seq = {0: 0}
+    seqs = []
+    checked = 0
+    last_applied = 0
+    deadline = time.monotonic() + 20
+    for k in range(1, 60):
+        if k % 3:  # not every step acts
+            seq = client.act("a", {"tag": k})
+            tag_of_seq[seq] = k
+            seqs.append(seq)
+        chunk = client.poll(timeout=1.0)
+        assert time.monotonic() < deadline
+        if chunk is None:
+            continue
+        with chunk:
+            assert chunk.applied in tag_of_seq, (chunk.applied, seqs)
+            assert tag_of(chunk.latent) == tag_of_seq[chunk.applied], chunk.applied
+            assert chunk.applied >= last_applied
+            last_applied = chunk.applied
+            checked += 1
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert checked > 20 and last_applied > 0
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["depth2", "depth1"])
+def test_receipts_name_the_last_action_each_chunk_applied_in_process(pipelined: bool) -> None:
+    with InProcessClient(ComposedEngine(NullModel(4, pipelined=pipelined))) as client:
+        _receipts_body(client)
+
+
+def test_receipts_name_the_last_action_each_chunk_applied_in_a_daemon(shm_prefix: str) -> None:
+    daemon = DaemonProcess(f"{shm_prefix}rc", "--model", "null", "--max-sessions", "4")
+    try:
+        with daemon.client() as client:
+            _receipts_body(client)
+    finally:
+        assert daemon.stop() == 0, daemon.stderr
