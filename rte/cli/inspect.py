@@ -150,6 +150,8 @@ def _slab_lines(label: str, slab: dict[str, Any]) -> list[str]:
         f"stale refused {st['stale_refused']}  quota refused {st['quota_refused']}  "
         f"full {st['full_events']}  high water {st['high_water']}",
     ]
+    if "segments" in slab:  # the input slots: one segment per client slot
+        lines[0] += f"  (a segment per client: {slab['segments']})"
     held = slab["held_by_client"]
     lines.append(f"{pad}  {'HOLDER':<10}{'SLOTS':>6}" if held else f"{pad}  no slot held")
     lines += [f"{pad}  client {k:<3}{v:>6}" for k, v in held.items()]

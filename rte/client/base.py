@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from rte.client.batch import ChunkBatch
-from rte.client.inputs import InputLoan
+from rte.client.inputs import InputLoan, loan_layout
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
@@ -219,6 +219,7 @@ class EngineClient(abc.ABC):
         up to ``timeout`` s for the client's input quota (RequestTimeout).
         """
         self._check_open()
+        shape, dtype, _ = loan_layout(shape, dtype)  # RequestError for one no form can lend
         return InputLoan(np.empty(shape, dtype), None)
 
     def _lend(self, request: R, timeout: float) -> R:

@@ -9,34 +9,43 @@ three ways:
   slot, then the same (still no copy through the ring, none in the daemon);
 - a smaller one: inline in the record, as before.
 
-Slots are the client's own (owner = its client slot), under the input slab's
-quota, exactly as output slots: a client out of quota waits (bounded) for the
-daemon to hand slots back, then gets RequestTimeout. A slot belongs to the
-daemon once its reference is sent; a send that failed takes its slots back.
-In process there is no slab: a loan is a plain array, and arrays go by
-reference anyway.
+The slots are in the client's own input segment (one per client slot, made by
+the daemon, mapped by this client and the daemon alone: see
+:mod:`rte.ipc.inputs`), so no bug here can reach another client's frames. A
+client that holds all its slots waits (bounded) for the daemon to hand some
+back, then gets RequestTimeout. A slot belongs to the daemon once its
+reference is sent; a send that failed takes its slots back. In process there
+is no slab: a loan is a plain array, and arrays go by reference anyway.
+
+Every shape and dtype a loan is asked for is checked before anything is mapped
+(:func:`loan_layout`): dims are ints of 0 or more (never a bool, never
+negative), the array holds at least one byte and fits a slot, and its dtype is
+one the wire carries (bool, ints, floats, complex). Anything else is a
+RequestError that says what was asked and what would do.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from rte.errors import RequestTimeout, WireError
+from rte.errors import RequestError, RequestTimeout, WireError
 from rte.ipc.control import KIND_INPUTS
-from rte.ipc.inputs import R, conditioning_of, with_conditioning
+from rte.ipc.inputs import OWNER, R, conditioning_of, open_slab, with_conditioning
 from rte.ipc.names import DaemonNames
 from rte.ipc.values import InputRef
 from rte.serve import Request
 from shm import QuotaExceeded, Segment, SegmentNotFoundError, ShmError, Slab, SlabFull, SlotRef
-from shm.segment import HEADER_SIZE
 from shm.slab import Loan
 
 BY_SLOT_BYTES = 64 * 1024  # arrays this big or bigger travel by slot, not in the record
+MAX_NDIM = 8  # as the wire carries arrays (rte.ipc.values)
+_KINDS = "biufc"  # bool, ints, floats, complex: what the wire carries (never objects)
 
 
 class InputLoan:
@@ -79,32 +88,69 @@ def by_reference(request: R) -> R:
     return with_conditioning(request, {**conditioning, **refs})
 
 
-def open_inputs(names: DaemonNames, own: Callable[[Segment], object]) -> Slab | None:
-    """The daemon's input slab, mapped for this client to write its own slots in
-    (None: the daemon has none); ``own`` keeps the segment to close it."""
+def loan_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """The checked shape, dtype and byte size of a loan of ``shape`` x ``dtype``.
+
+    Raises:
+        RequestError: a dim that is not an int of 0 or more (a bool, a float, a
+            negative one), more than 8 dims, a dtype the wire does not carry, or
+            an array of no bytes (nothing to lend: send it inline).
+    """
+    asked = f"a loan of shape {shape!r} and dtype {dtype!r}"
     try:
-        segment = Segment.open(names.inputs, kind=KIND_INPUTS)
+        dims = [shape] if not isinstance(shape, tuple | list) else list(shape)
+        if any(isinstance(d, bool | np.bool_) for d in dims):
+            raise TypeError("a bool is not a dimension")
+        checked = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise RequestError(f"{asked}: the shape must be a tuple of ints") from None
+    if any(d < 0 for d in checked):
+        raise RequestError(f"{asked}: a dimension is negative; each must be 0 or more")
+    if len(checked) > MAX_NDIM:
+        raise RequestError(f"{asked}: at most {MAX_NDIM} dimensions")
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise RequestError(f"{asked}: not a NumPy dtype ({exc})") from None
+    if dt.kind not in _KINDS or dt.shape:
+        raise RequestError(f"{asked}: inputs are bool, int, float or complex arrays, not {dt}")
+    nbytes = math.prod(checked) * dt.itemsize  # (a Python int: it cannot overflow)
+    if nbytes == 0:
+        raise RequestError(f"{asked}: it holds no bytes; send an empty array inline instead")
+    return checked, dt, nbytes
+
+
+def open_inputs(names: DaemonNames, index: int, own: Callable[[Segment], object]) -> Slab | None:
+    """Client slot ``index``'s own input segment, mapped for this client to write its
+    slots in (None: the daemon takes no inputs by slot); ``own`` keeps it to close it.
+    Only this one is opened: no other client's is ever mapped here."""
+    try:
+        segment = Segment.open(names.client_inputs(index), kind=KIND_INPUTS)
     except SegmentNotFoundError:
         return None
     own(segment)
-    return Slab(segment, HEADER_SIZE)
+    return open_slab(segment)
 
 
 class Lender:
-    """A shm client's loans in the daemon's input slab (``slab`` None: it has none)."""
+    """A shm client's loans in its own input segment (``slab`` None: the daemon has
+    none); ``record_limit`` is the largest record its inbox ring carries."""
 
-    def __init__(self, slab: Slab | None, owner: int, name: str) -> None:
+    def __init__(self, slab: Slab | None, name: str, record_limit: int) -> None:
         self.slab = slab
-        self.owner = owner
+        self.owner = OWNER
         self.name = name
+        self.record_limit = record_limit
         self._open: dict[int, Loan] = {}  # by the address of its array: loaned, not sent
 
-    def loan(self, shape: tuple[int, ...], dtype: Any, timeout: float) -> InputLoan:
+    def loan(self, shape: Any, dtype: Any, timeout: float) -> InputLoan:
         """A writable slot for an input of ``shape`` and ``dtype``, waiting up to
-        ``timeout`` s for quota; RequestTimeout when none came, WireError when
-        the daemon has no input slab or its slots are too small."""
-        slab = self._need(_nbytes(shape, dtype))
-        loan = self._take(slab, tuple(shape), dtype, timeout)
+        ``timeout`` s for quota; RequestTimeout when none came, RequestError for a
+        shape or dtype that cannot be lent (:func:`loan_layout`), WireError when
+        the daemon has no input slots or they are too small."""
+        checked, dt, nbytes = loan_layout(shape, dtype)
+        slab = self._need(nbytes)
+        loan = self._take(slab, checked, dt, timeout)
         address = _address(loan.array)
         self._open[address] = loan
 
@@ -134,6 +180,7 @@ class Lender:
             elif value.nbytes >= BY_SLOT_BYTES and self.slab is not None:
                 chosen[key] = (value, None)  # (a view of a loan, not it, is copied too)
         if not chosen:
+            self._check_inline(conditioning)
             return dict(conditioning), []
         copies: list[Loan] = []
         try:
@@ -184,6 +231,17 @@ class Lender:
             except ShmError:
                 pass  # reclaimed meanwhile: nothing to give back
 
+    def _check_inline(self, conditioning: Mapping[str, Any]) -> None:
+        """Arrays going inline that no record can carry: say which option takes them."""
+        inline = sum(v.nbytes for v in conditioning.values() if type(v) is np.ndarray)
+        if self.slab is None and inline > self.record_limit:
+            raise WireError(
+                f"{inline:,} bytes of arrays exceed the largest record of daemon "
+                f"{self.name!r}'s rings ({self.record_limit:,} bytes), and it takes no inputs "
+                "by slot: start it with --input-slots N (large inputs then go by reference), "
+                "or send smaller arrays"
+            )
+
     def _need(self, nbytes: int) -> Slab:
         if self.slab is None:
             raise WireError(
@@ -212,10 +270,6 @@ class Lender:
                     ) from None
             time.sleep(pause)
             pause = min(2 * pause, 2e-3)
-
-
-def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
-    return math.prod(shape) * int(np.dtype(dtype).itemsize)
 
 
 def _address(array: np.ndarray[Any, Any]) -> int:

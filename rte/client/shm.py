@@ -127,7 +127,8 @@ class ShmClient(EngineClient):
             self._bell = self._own(Doorbell(names.bell))
             self._join(names, deadline, policy, spin_us)
             self._block = self._control.client_block(self.index)
-            self._lender = Lender(open_inputs(names, self._own), self.index, name)
+            mine = open_inputs(names, self.index, self._own)  # its own input segment alone
+            self._lender = Lender(mine, name, self._inbox.max_record)
             self._bell.ring()  # wake an idle daemon so that it adopts us now
         except BaseException as exc:
             self._give_back_slot()
@@ -185,7 +186,7 @@ class ShmClient(EngineClient):
 
     def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
         self._check_open()
-        return self._lender.loan(tuple(shape), dtype, timeout)
+        return self._lender.loan(shape, dtype, timeout)
 
     def _lend(self, request: R, timeout: float) -> R:
         return self._lender.lend_request(request, timeout)

@@ -76,7 +76,8 @@ class Shared:
     bell: Doorbell
     client_bells: list[Doorbell]
     client_wakes: list[FifoBell]  # the same, as FIFOs: for clients on an event loop
-    inputs: Slab | None = None  # the input slab (None: no inputs by slot)
+    # each client's input slab, by client slot (none: no inputs by slot)
+    inputs: list[Slab] = dataclasses.field(default_factory=list)
 
 
 class DaemonCore:
@@ -323,7 +324,7 @@ class DaemonCore:
                 text = f": {answer.message}" if answer.message else ""
                 what = f"{answer.kind.name.lower()} {answer.session!r}{text}"
                 log.log(level, "client %d: %s", connection.index, what)
-        if self.inputs.slab is not None:
+        if self.inputs.by_slot:
             self._track_inputs(message, answers, samples, again)
         self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
@@ -390,8 +391,7 @@ class DaemonCore:
             if not self._detach(session, reason=reason, finalize=False):
                 self.router.release(session)
                 self._orphans.add(session)
-        if self.inputs.slab is not None:  # what it loaned and never sent, before its
-            self.inputs.slab.reclaim(connection.index)  # slot is free for a new client
+        self.inputs.reset(connection.index)  # its input segment, before its slot is free
         self.table.remove(connection, revoked=revoked)
 
     def _retry_orphans(self, now: float) -> None:

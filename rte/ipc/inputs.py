@@ -1,12 +1,16 @@
 """Big inputs, the daemon's side: arrays clients lend the engine by slab slot.
 
-A client writes a large input (a camera frame, an image) into a slot of the
-daemon's input slab that it loaned as that slot's owner, publishes it, and
-sends an :class:`~rte.ipc.values.InputRef` in its request instead of the
-bytes. Here each reference becomes a read-only view of the slot, checked as
-an output slot is: published at that generation, held by this client (a
-stale or another client's reference is that request's error, and nothing is
-held). The view is what the engine gets: no copy.
+Each client slot has its own input segment (``DaemonNames.client_inputs``):
+a slab of that client's share of the input slots, created by the daemon at
+start, mode 0600, and mapped by that client and the daemon only. A client
+writes a large input (a camera frame, an image) into a slot it loaned there,
+publishes it, and sends an :class:`~rte.ipc.values.InputRef` in its request
+instead of the bytes. Here each reference becomes a read-only view of a slot
+*of the sender's own segment*, checked as an output slot is: published at that
+generation (a stale or malformed reference is that request's error, and
+nothing is held). A reference cannot name another client's frames at all, and
+no bug in one client can write into them: it never maps them. The view is
+what the engine gets: no copy.
 
 A slot is held for as long as a session's conditioning refers to it. When a
 later request replaces its key, it retires, and goes back to the client's
@@ -14,15 +18,16 @@ quota once a step *of that session* has ended: its last batch may still decode
 from it (DEFERRED runs a step behind HOT, and a session that is not due keeps
 its batch until it is). When the session leaves, its slots go back after the
 next step of anyone. A refused request's slots go back at once (also those it
-named but that were never read); a dead client's are reclaimed with the rest
-of what it held.
+named but that were never read). A dead client's segment is reset before its
+client slot is reused: every slot reclaimed, every byte zeroed, so the slot's
+next client starts with an empty segment and never sees a frame of the last.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,10 +35,29 @@ import numpy as np
 from rte.contract import Action
 from rte.ipc.values import InputRef
 from rte.serve import Act, Attach, Request, Reset
-from shm import ShmError, Slab, SlotRef
+from shm import Segment, ShmError, Slab, SlotRef
+from shm.segment import HEADER_SIZE
 from shm.slab import Sample
 
 R = TypeVar("R", bound=Request)
+OWNER = 0  # a client is the one owner of the slots of its own input segment
+
+
+def segment_bytes(slots: int, slot_bytes: int) -> int:
+    """The size of one client's input segment of ``slots`` slots of ``slot_bytes``."""
+    return HEADER_SIZE + Slab.footprint(HEADER_SIZE, slots, slot_bytes, 1)
+
+
+def create_slab(segment: Segment, slots: int, slot_bytes: int) -> Slab:
+    """Lay out a client's input slab in its new segment (the daemon, at start)."""
+    return Slab.create(
+        segment, HEADER_SIZE, slots=slots, slot_bytes=slot_bytes, max_owners=1, quota=slots
+    )
+
+
+def open_slab(segment: Segment) -> Slab:
+    """The input slab in a client's input segment, as the daemon laid it out."""
+    return Slab(segment, HEADER_SIZE)
 
 
 def conditioning_of(request: Request) -> Mapping[str, Any] | None:
@@ -58,52 +82,69 @@ class InputRefused(ValueError):
 
 
 class Inputs:
-    """The input slab (None: the daemon takes no inputs by slot) and what sessions hold of it."""
+    """Every client's input slab, by client slot (none: the daemon takes no inputs
+    by slot), and what sessions hold of them."""
 
-    def __init__(self, slab: Slab | None) -> None:
-        self.slab = slab
+    def __init__(self, slabs: Sequence[Slab] = ()) -> None:
+        self.slabs = list(slabs)
         self._held: dict[str, dict[str, Sample]] = {}  # session -> key -> its slot
         # replaced, with the session whose batch may still read it (None: it left)
         self._retired: list[tuple[str | None, Sample]] = []
         self._releasing: list[Sample] = []  # free once the current step ends
 
+    @property
+    def by_slot(self) -> bool:
+        """Whether this daemon takes inputs by slot at all (``--input-slots``)."""
+        return bool(self.slabs)
+
     def resolve(
-        self, owner: int, conditioning: Mapping[str, Any] | None
+        self, client: int, conditioning: Mapping[str, Any] | None
     ) -> tuple[Mapping[str, Any] | None, dict[str, Sample]]:
-        """``conditioning`` with each InputRef made a read-only view of its slot,
-        and the slots taken. InputRefused (nothing taken) for a reference that
-        is not ``owner``'s published slot."""
+        """``conditioning`` with each InputRef made a read-only view of its slot in
+        ``client``'s own input segment, and the slots taken. InputRefused (nothing
+        taken) for a reference that is not a slot ``client`` published there."""
         if not conditioning or not any(type(v) is InputRef for v in conditioning.values()):
             return conditioning, {}
         samples: dict[str, Sample] = {}
         try:
             for key, value in conditioning.items():
                 if type(value) is InputRef:
-                    samples[key] = self._receive(owner, key, value)
+                    samples[key] = self._receive(client, key, value)
         except BaseException:
             self.refused(samples)
-            self.unused(owner, {k: v for k, v in conditioning.items() if k not in samples})
+            self.unused(client, {k: v for k, v in conditioning.items() if k not in samples})
             raise
         resolved = dict(conditioning)
         resolved.update({key: sample.array for key, sample in samples.items()})
         return resolved, samples
 
-    def _receive(self, owner: int, key: str, ref: InputRef) -> Sample:
-        if self.slab is None:
+    def _receive(self, client: int, key: str, ref: InputRef) -> Sample:
+        if not self.slabs:
             raise InputRefused(f"{key}: this daemon takes no inputs by slot (--input-slots 0)")
+        slab = self.slabs[client]  # the sender's own: no other client's slot can be named
         try:
-            info = self.slab.slot(ref.slot)
-            if info.owner != owner:
-                raise InputRefused(
-                    f"{key}: input slot {ref.slot} is not this client's (PermissionError)"
-                )
-            return self.slab.receive(
-                SlotRef(ref.slot, ref.generation, owner), np.dtype(ref.dtype), ref.shape
-            )
+            ours = SlotRef(ref.slot, ref.generation, OWNER)
+            return slab.receive(ours, np.dtype(ref.dtype), ref.shape)
         except (ShmError, ValueError, IndexError, TypeError) as exc:
-            if isinstance(exc, InputRefused):
-                raise
-            raise InputRefused(f"{key}: {type(exc).__name__}: {exc}") from None
+            raise InputRefused(
+                f"{key}: not a slot this client published in its input segment "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+
+    def reset(self, client: int) -> int:
+        """``client`` is gone: every slot of its input segment goes back, and every byte
+        is zeroed, before its client slot is free for the next client (who must never
+        see its frames). Returns the slots reclaimed."""
+        if not self.slabs:
+            return 0
+        slab = self.slabs[client]
+        reclaimed = slab.reclaim(OWNER)
+        size = slab.slots * slab.slot_size
+        data = slab.segment.view(
+            slab.data_offset, np.dtype(np.uint8), size, (size,), readonly=False
+        )
+        data.fill(0)
+        return reclaimed
 
     def taken(self, session: str, keys: Iterable[str], samples: dict[str, Sample]) -> None:
         """The engine took conditioning with ``keys`` for ``session``: what those keys
@@ -121,15 +162,16 @@ class Inputs:
         """The request was refused: its slots go back now (the engine never saw them)."""
         _release(samples.values())
 
-    def unused(self, owner: int, conditioning: Mapping[str, Any] | None) -> None:
-        """A request refused before its references were read: the slots they name,
-        if ``owner``'s, go back (the client sent them; nobody else will free them)."""
-        if self.slab is None or not conditioning:
+    def unused(self, client: int, conditioning: Mapping[str, Any] | None) -> None:
+        """A request refused before its references were read: the slots they name in
+        ``client``'s segment go back (the client sent them; nobody else will free them)."""
+        if not self.slabs or not conditioning:
             return
+        slab = self.slabs[client]
         for value in conditioning.values():
             if type(value) is InputRef:
                 with contextlib.suppress(ShmError, ValueError):
-                    self.slab.release(SlotRef(value.slot, value.generation, owner))
+                    slab.release(SlotRef(value.slot, value.generation, OWNER))
 
     def drop(self, session: str) -> None:
         """The session left, or its conditioning was replaced whole (a reset: its

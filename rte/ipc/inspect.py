@@ -98,12 +98,16 @@ def snapshot(name: str) -> dict[str, Any]:
         slab_segment = Segment.open(names.slab, kind=KIND_SLAB, readonly=True)
     except ShmError:
         slab_segment = None
-    try:
-        inputs_segment = Segment.open(names.inputs, kind=KIND_INPUTS, readonly=True)
-    except ShmError:  # none (--input-slots 0), or not readable: shown as none
-        inputs_segment = None
+    inputs_segments: dict[int, Segment] = {}  # by client slot (none: --input-slots 0)
     try:
         layout = control.layout
+        for i in range(layout.max_clients):
+            try:
+                inputs_segments[i] = Segment.open(
+                    names.client_inputs(i), kind=KIND_INPUTS, readonly=True
+                )
+            except ShmError:  # none, or not readable: left out
+                continue
         clients = []
         for entry in control.table.entries():
             if entry.state is ClientState.FREE:
@@ -134,7 +138,7 @@ def snapshot(name: str) -> dict[str, Any]:
             "manifest": asdict(control.manifest()),
             "clients": clients,
             "slab": _slab(slab_segment) if slab_segment is not None else None,
-            "inputs": _slab(inputs_segment) if inputs_segment is not None else None,
+            "inputs": _inputs(inputs_segments) if inputs_segments else None,
             "counters": control.counters(),
             "emitted_to_pushed": control.histogram.counts().tolist(),
             "emitted_to_pushed_sum_ns": _total(control.histogram),
@@ -145,7 +149,7 @@ def snapshot(name: str) -> dict[str, Any]:
         }
     finally:
         segment.close()
-        for opened in (slab_segment, inputs_segment):
+        for opened in (slab_segment, *inputs_segments.values()):
             if opened is not None:
                 opened.close()
 
@@ -172,6 +176,33 @@ def _slab(segment: Segment) -> dict[str, Any]:
         "by_state": by_state,
         "held_by_client": {str(k): v for k, v in sorted(by_owner.items())},
         "oldest_held_s": oldest,
+    }
+
+
+def _inputs(segments: dict[int, Segment]) -> dict[str, Any]:
+    """The input segments, one per client slot: their totals as one slab's (the
+    statistics summed, quota and slot size per client), each client's under
+    ``clients``, and who holds slots (by client slot, not by the owner number
+    inside each segment)."""
+    each = {i: _slab(segment) for i, segment in sorted(segments.items())}
+    first = next(iter(each.values()))
+    statistics = {
+        key: (
+            sum(s["statistics"][key] for s in each.values())
+            if key not in ("slot_size", "quota")
+            else first["statistics"][key]
+        )
+        for key in first["statistics"]
+    }  # (max_owners: one per segment, so the number of clients)
+    ages = [s["oldest_held_s"] for s in each.values() if s["oldest_held_s"] is not None]
+    held = {str(i): sum(s["held_by_client"].values()) for i, s in each.items()}
+    return {
+        "statistics": statistics,
+        "by_state": {k: sum(s["by_state"][k] for s in each.values()) for k in first["by_state"]},
+        "held_by_client": {i: n for i, n in held.items() if n},
+        "oldest_held_s": max(ages) if ages else None,
+        "segments": len(each),
+        "clients": {str(i): s["statistics"] for i, s in each.items()},
     }
 
 

@@ -1,9 +1,10 @@
 """The names of one daemon's shared objects, derived here and nowhere else.
 
 A daemon called NAME owns, for this user, a control segment, a slab segment,
-its doorbell and one doorbell per client slot; they all live under one POSIX
-name stem (``/rte.<uid>.NAME.``), so everything a daemon ever created, or a
-crashed one left behind, is found by that stem (``shm.names`` maps names to
+its doorbell, and per client slot a doorbell, a FIFO and an input segment
+(that client's input slots, mapped by it and the daemon alone); they all live
+under one POSIX name stem (``/rte.<uid>.NAME.``), so everything a daemon ever
+created, or a crashed one left behind, is found by that stem (``shm.names`` maps names to
 the files in ``/dev/shm``). After iceoryx2's ``ServiceName``: one value object,
 never an f-string at the call site.
 """
@@ -43,10 +44,10 @@ class DaemonNames:
     def slab(self) -> str:
         return shm_name(self.daemon, "slab")
 
-    @property
-    def inputs(self) -> str:
-        """The input slab: slots clients lend large inputs through."""
-        return shm_name(self.daemon, "inputs")
+    def client_inputs(self, index: int) -> str:
+        """The input segment of client slot ``index``: the slab through which that
+        client alone lends large inputs (:mod:`rte.ipc.inputs`)."""
+        return shm_name(self.daemon, f"i{index}")
 
     @property
     def bell(self) -> str:

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from rte.contract import Manifest
 from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
+from rte.ipc import inputs as input_slab
 from rte.ipc.control import KIND_CONTROL, KIND_INPUTS, KIND_SLAB, Control, DaemonState, Layout
 from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.metrics import serve_metrics
@@ -85,9 +86,7 @@ def serve(
         bells.append(shared.bell)
         stack.callback(bells.clear)  # before the bell is closed: a late signal rings nothing
         core = DaemonCore(settings, shared, model, load=lambda: _load(settings))
-        # page-locked for the GPU's copies when the model computes on one
-        device = core.engine.lanes.device
-        pinned = device.startswith("cuda:") and shared.slab.pin(int(device.partition(":")[2]))
+        pinned = _pin(shared.slab, core.engine.lanes.device)
         if pinned:
             stack.callback(_unpin, shared.slab, core)  # after the worker ended: no copy in flight
         metrics = ""
@@ -128,6 +127,25 @@ def _metrics_server(name: str, port: int) -> ThreadingHTTPServer:
         return serve_metrics(name, port)
     except OSError as exc:  # the port is taken, or not ours to take
         raise ConfigurationError(f"--metrics-port {port}: {exc.strerror or exc}") from None
+
+
+def _pin(slab: Slab, device: str) -> bool:
+    """Page-lock the slab for the GPU's copies when the model computes on one. A
+    refusal is said and the daemon serves unpinned (slower copies from the GPU):
+    the pin is a speed-up, never a reason not to serve."""
+    if not device.startswith("cuda:"):
+        return False
+    try:
+        return slab.pin(int(device.partition(":")[2]))
+    except Exception as exc:  # SegmentError from CUDA, or a torch that cannot pin at all
+        log.warning(
+            "the slab %s is not page-locked, serving unpinned (copies from the GPU go "
+            "through a staging buffer): %s: %s",
+            slab.segment.name,
+            type(exc).__name__,
+            exc,
+        )
+        return False
 
 
 def _unpin(slab: Slab, core: DaemonCore) -> None:
@@ -242,19 +260,13 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     for i in range(n):
         Ring.create(segment, layout.inbox(i), settings.ring_capacity, policy="spin")
         Ring.create(segment, layout.outbox(i), settings.ring_capacity, policy="spin")
-    inputs = None
+    inputs = []  # each client's share of the input slots, in a segment of its own
     if settings.input_slab_slots:
-        slots, slot_bytes = settings.input_slab_slots, settings.input_slot_kib * 1024
-        size = HEADER_SIZE + Slab.footprint(HEADER_SIZE, slots, slot_bytes, n)
-        inputs_segment = _owned(stack, Segment.create(names.inputs, size, kind=KIND_INPUTS))
-        inputs = Slab.create(
-            inputs_segment,
-            HEADER_SIZE,
-            slots=slots,
-            slot_bytes=slot_bytes,
-            max_owners=n,
-            quota=slots // n,
-        )
+        share, slot_bytes = settings.input_slab_slots // n, settings.input_slot_kib * 1024
+        size = input_slab.segment_bytes(share, slot_bytes)
+        for i in range(n):
+            mine = Segment.create(names.client_inputs(i), size, kind=KIND_INPUTS)
+            inputs.append(input_slab.create_slab(_owned(stack, mine), share, slot_bytes))
     return Shared(segment, control, slab, bell, client_bells, client_wakes, inputs)
 
 
