@@ -18,7 +18,9 @@ timeout: only a push wakes it (the lost-wake-up test relies on that).
 
 The C calls return ``enum shm_status`` codes (``csrc/shm_native.h``). The hot
 paths compare them with module constants read once from ``lib``; only an error
-goes through :func:`~shm.errors.check_rc`, which raises its exception.
+goes through :func:`~shm.errors.check_rc`, which raises its exception. Once
+its segment is closed in this process a ring refuses every call
+(:class:`~shm.errors.SegmentError`) instead of reaching unmapped memory.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shm.doorbell import Bell, Doorbell
-from shm.errors import RingEmpty, RingFull, check_rc
+from shm.errors import RingEmpty, RingFull, SegmentError, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment
 
@@ -112,9 +114,9 @@ class Ring:
     ) -> None:
         self.segment = segment
         self.offset = offset
-        self._ptr = segment.ptr(offset)
+        self._raw = segment.ptr(offset)
         capacity = check_rc(
-            int(lib.shm_ring_check(self._ptr, segment.size - offset)),
+            int(lib.shm_ring_check(self._raw, segment.size - offset)),
             f"opening the ring at offset {offset} of {segment.name}",
         )
         self.capacity = capacity
@@ -206,6 +208,13 @@ class Ring:
 
     def _where(self) -> str:
         return f"the ring at offset {self.offset} of {self.segment.name}"
+
+    @property
+    def _ptr(self) -> Any:
+        """The ring's header, for the C calls; refused once the segment is closed."""
+        if self.segment.closed:
+            raise SegmentError(f"{self._where()} is closed in this process; open it again")
+        return self._raw
 
     # -- consumer ---------------------------------------------------------
 

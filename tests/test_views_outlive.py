@@ -118,3 +118,10 @@ def test_a_chunk_held_from_a_lost_pool_member_stays_readable(pool: list[DaemonPr
     child.finished()
     assert after == before
     assert doomed.name in lost, lost
+
+
+def test_a_ring_refuses_every_call_once_its_segment_is_closed(shm_prefix: str) -> None:
+    child = Child(views_workers.ring_calls_after_close, shm_name(shm_prefix, "vr"))
+    refused = child.recv()
+    child.finished()
+    assert all("closed in this process" in r for r in refused), refused

@@ -15,7 +15,7 @@ import numpy as np
 
 from rte.client import ChunkBatch, EngineClient, EngineGone, ShmClient, connect_pool
 from rte.contract import NoticeKind
-from shm import Segment, SegmentError, Slab
+from shm import Ring, Segment, SegmentError, Slab
 from shm.names import unlink_segment
 from shm.segment import HEADER_SIZE
 
@@ -149,3 +149,29 @@ def chunk_outlives_a_lost_pool_member(names: list[str], conn: Any) -> None:
     held.release()
     pool.close()
     conn.send((before, after, lost[0]))
+
+
+def ring_calls_after_close(name: str, conn: Any) -> None:
+    """Every call on a ring whose segment is closed: refused, never a crash."""
+    segment = Segment.create(name, HEADER_SIZE + Ring.footprint(4096))
+    try:
+        ring = Ring.create(segment, HEADER_SIZE, 4096, policy="spin")
+        ring.push_nowait(b"kept")
+        segment.close()
+        refused = []
+        for call in (
+            lambda: ring.push_nowait(b"x"),
+            ring.pop_nowait,
+            ring.pop_batch_nowait,
+            ring.used,
+            ring.statistics,
+            lambda: ring.peek(0),
+        ):
+            try:
+                call()
+                refused.append("not refused")
+            except SegmentError as exc:
+                refused.append(str(exc))
+        conn.send(refused)
+    finally:
+        unlink_segment(name)
