@@ -100,6 +100,23 @@ def test_an_answer_that_would_not_fit_is_cut_and_says_so() -> None:
     assert isinstance(back, Notice) and back.seq == 6 and back.session == ""
 
 
+@pytest.mark.parametrize(
+    ("request_", "match"),
+    [
+        (Attach("s", {}, 1, credits=1.5), "credits must be a whole number"),  # was struct.error
+        (Attach("s", {}, 1, credits=True), "credits must be a whole number"),
+        (Attach("s", {}, 1, credits=-1), "credits -1: must be 1 to 255"),
+        (Attach("s", {}, 1, credits=10**30), "must be 1 to 255"),
+        (Attach("x\ud800"), "not valid UTF-8"),  # was UnicodeEncodeError
+        (Act(5, Action({})), "a session id is a str, not int"),  # type: ignore[arg-type]
+        (Detach(None), "a session id is a str, not NoneType"),  # type: ignore[arg-type]
+    ],
+)
+def test_what_a_record_cannot_carry_is_a_wire_error(request_: object, match: str) -> None:
+    with pytest.raises(WireError, match=match):
+        encode_request(request_)  # type: ignore[arg-type]
+
+
 def test_a_session_id_too_long_to_answer_is_refused_before_it_is_sent() -> None:
     with pytest.raises(WireError, match="longer than"):
         encode_request(Detach("s" * (MAX_SESSION_BYTES + 1)))

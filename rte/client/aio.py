@@ -37,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from typing import Any, TypeVar
 
+from rte.client import arguments
 from rte.client.base import Chunk, EngineClient, R
 from rte.client.batch import ChunkBatch
 from rte.client.inputs import InputLoan
@@ -95,6 +96,9 @@ class AsyncClient:
         priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """As :meth:`EngineClient.attach`."""
+        session, credits = arguments.session(session), arguments.credits(credits)
+        conditioning = arguments.conditioning(conditioning, "attach")
+        timeout = arguments.timeout(timeout)
         self._check_open()
         seq = self._client._next_seq()
         request = Attach(session, dict(conditioning or {}), seq, credits, priority)
@@ -105,6 +109,8 @@ class AsyncClient:
     ) -> int:
         """As :meth:`EngineClient.act` (returns its seq): waits only for room in the
         request ring."""
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
+        conditioning = arguments.conditioning(conditioning, "act", required=True) or {}
         self._check_open()
         deadline = time.monotonic() + timeout
         request = Act(session, Action(dict(conditioning)), self._client._next_seq())
@@ -120,12 +126,15 @@ class AsyncClient:
         self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
     ) -> None:
         """As :meth:`EngineClient.reset`."""
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
+        conditioning = arguments.conditioning(conditioning, "reset")
         self._check_open()
         fresh = None if conditioning is None else dict(conditioning)
         await self._call(Reset(session, fresh, self._client._next_seq()), timeout)
 
     async def detach(self, session: str, *, timeout: float = 5.0) -> None:
         """As :meth:`EngineClient.detach`."""
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
         self._check_open()
         await self._call(Detach(session, seq=self._client._next_seq()), timeout)
 
@@ -133,7 +142,7 @@ class AsyncClient:
 
     async def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
         """The next step's chunks as one batch, or None after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + arguments.timeout(timeout)
         while await self._until(self._has_chunks, deadline - time.monotonic()):
             if (batch := self._client.poll_batch(0.0)) is not None:
                 return batch  # (else another task took it first)
@@ -141,7 +150,7 @@ class AsyncClient:
 
     async def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, or None after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + arguments.timeout(timeout)
         while await self._until(self._has_chunks, deadline - time.monotonic()):
             if (chunk := self._client.poll(0.0)) is not None:
                 return chunk

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from rte.client import arguments
 from rte.client.batch import ChunkBatch
 from rte.client.inputs import InputLoan, loan_layout
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
@@ -180,6 +181,9 @@ class EngineClient(abc.ABC):
         ``wait``: seconds to keep asking while the engine is at capacity (the
         AdmissionError comes once they have passed).
         """
+        session, credits = arguments.session(session), arguments.credits(credits)
+        conditioning = arguments.conditioning(conditioning, "attach")
+        timeout, wait = arguments.timeout(timeout), arguments.timeout(wait, "wait")
         deadline = time.monotonic() + wait
         while True:
             request = Attach(session, dict(conditioning or {}), self._next_seq(), credits, priority)
@@ -202,6 +206,8 @@ class EngineClient(abc.ABC):
         once into a slot of the daemon's input slab (see :mod:`rte.client.inputs`).
         Do not change an array after sending it in process: the engine reads it.
         """
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
+        conditioning = arguments.conditioning(conditioning, "act", required=True) or {}
         self._check_open()
         request = self._lend(Act(session, Action(dict(conditioning)), self._next_seq()), timeout)
         self._send_lent(request, timeout)
@@ -241,12 +247,15 @@ class EngineClient(abc.ABC):
     ) -> None:
         """Restart the session from chunk 0, with new conditioning or its last.
         A refused reset (RequestError) leaves the session as it was."""
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
+        conditioning = arguments.conditioning(conditioning, "reset")
         fresh = None if conditioning is None else dict(conditioning)
         self._call(Reset(session, fresh, self._next_seq()), timeout)
 
     def detach(self, session: str, *, timeout: float = 5.0) -> None:
         """Detach a session; its in-flight chunk still arrives (before this returns,
         if it fits the client's quota; else a DROPPED notice says so)."""
+        session, timeout = arguments.session(session), arguments.timeout(timeout)
         self._call(Detach(session, seq=self._next_seq()), timeout)
 
     # -- results --------------------------------------------------------------
@@ -284,6 +293,7 @@ class EngineClient(abc.ABC):
         )
 
     def _wait_for_chunks(self, timeout: float) -> bool:
+        timeout = arguments.timeout(timeout)
         self._check_open()
         if not self._batches:
             deadline = time.monotonic() + timeout

@@ -19,12 +19,14 @@ per-chunk API (:meth:`EngineClient.poll`), which is built on batches.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from rte.contract import Timing
+from rte.errors import RequestError
 
 # what a transport gives a batch: called with the batch and the rows (indices
 # into the transport's lease, i.e. offset by the batch's start) being released
@@ -46,15 +48,15 @@ class ChunkBatch:
         pushed_ns: when the transport handed them over (== emitted in process).
         taken_ns: when this client took them.
         lease: the transport's hold on the batch's memory.
-    """
-
         applied: each row's receipt: the seq of the last action (the value
             ``act`` returned) its session had applied before the chunk was
             generated, 0 for none (int64 array, made on first use).
+    """
+
     __slots__ = (
+        "_applied",
         "_chunks",
         "_generated",
-        "_applied",
         "_held",
         "_release",
         "_start",
@@ -80,11 +82,11 @@ class ChunkBatch:
         release: Release,
         lease: Any = None,
         start: int = 0,
-    ) -> None:
-        self.sessions = sessions
         applied: np.ndarray[Any, Any] | memoryview | Sequence[int] | None = None,
-        self._chunks = chunks  # int64s: NumPy arrays, or a record's memoryview until asked
+    ) -> None:
         self._applied = applied  # None: every row 0
+        self.sessions = sessions
+        self._chunks = chunks  # int64s: NumPy arrays, or a record's memoryview until asked
         self.latents = latents
         self.contiguous = isinstance(latents, np.ndarray)
         self._generated = generated_ns
@@ -113,8 +115,6 @@ class ChunkBatch:
             self._generated = np.asarray(self._generated)
         return self._generated
 
-    def chunk_index(self, i: int) -> int:
-        """Row ``i``'s chunk index, without making the array."""
     @property
     def applied(self) -> np.ndarray[Any, Any]:
         """Each row's receipt (int64): the seq of the last action its chunk applied."""
@@ -129,6 +129,8 @@ class ChunkBatch:
         """Row ``i``'s receipt, without making the array."""
         return 0 if self._applied is None else int(self._applied[i])
 
+    def chunk_index(self, i: int) -> int:
+        """Row ``i``'s chunk index, without making the array."""
         return int(self._chunks[i])
 
     def timing(self, i: int) -> Timing:
@@ -151,7 +153,11 @@ class ChunkBatch:
             release(self, rows)
 
     def release_row(self, i: int) -> None:
-        """Give back row ``i`` alone (idempotent): the per-chunk API's release."""
+        """Give back row ``i`` alone (idempotent): the per-chunk API's release.
+        RequestError for a row this batch does not have (a negative index would
+        name a row of the step before this batch's first)."""
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self):
+            raise RequestError(f"row {i!r}: this batch has rows 0 to {len(self) - 1}")
         if self._release is None:
             return
         if self._held is None:
@@ -180,13 +186,13 @@ class ChunkBatch:
             release=self._release or _nothing,
             lease=self.lease,
             start=self._start + start,
+            applied=None if self._applied is None else self._applied[start:],
         )
         if self._release is None:
             rest._release = None
         return rest
 
     def __enter__(self) -> ChunkBatch:
-            applied=None if self._applied is None else self._applied[start:],
         return self
 
     def __exit__(self, *exc: object) -> None:
