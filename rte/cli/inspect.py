@@ -178,6 +178,44 @@ def capacity_line(rt: dict[str, Any]) -> str:
     )
 
 
+SESSION_ROWS = 20  # per client; the rest are counted (all of them are in --json)
+_SESSION_COLUMNS = [  # (heading, figure, format)
+    ("CHUNKS", "chunks", "{:d}"),
+    ("TTFC", "ttfc_ms", "{:.1f}ms"),
+    ("ON TIME", "on_time_pct", "{:.1f}%"),
+    ("GAP p50", "gap_p50_ms", "{:.1f}ms"),
+    ("p99", "gap_p99_ms", "{:.1f}ms"),
+    ("STALL", "longest_stall_ms", "{:.0f}ms"),
+    ("PHOTON p50", "photon_p50_ms", "{:.1f}ms"),
+    ("p95", "photon_p95_ms", "{:.1f}ms"),
+    ("REDUCED", "reductions", "{:d}"),
+]
+
+
+def _session_lines(clients: list[dict[str, Any]]) -> list[str]:
+    """Each live session's real-time figures (see ``rte.ipc.figures``), per client."""
+    live = [(c["index"], s) for c in clients for s in c.get("session_figures", []) if s["live"]]
+    if not live:
+        return []
+    head = f"{'CLIENT':<7}{'SESSION':<18}" + "".join(f"{h:>11}" for h, _, _ in _SESSION_COLUMNS)
+    lines = ["", head]
+    shown: dict[int, int] = {}
+    for index, s in live:
+        shown[index] = shown.get(index, 0) + 1
+        if shown[index] > SESSION_ROWS:
+            continue
+        cells = "".join(
+            f"{'-' if s[key] is None else fmt.format(s[key]):>11}"
+            for _, key, fmt in _SESSION_COLUMNS
+        )
+        name = s["session"] if len(s["session"]) <= 17 else s["session"][:16] + "…"
+        lines.append(f"{index:<7}{name:<18}{cells}")
+    for index, n in shown.items():
+        if n > SESSION_ROWS:
+            lines.append(f"{index:<7}... and {n - SESSION_ROWS} more sessions (rte inspect --json)")
+    return lines
+
+
 def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     s, m = snap["summary"], snap["manifest"]
     dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
@@ -221,6 +259,7 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
             lines.append(f"{'':26}  pushed to taken: p50 {_us(taken[0])}  p99 {_us(taken[1])}")
     if not snap["clients"]:
         lines.append("(no clients)")
+    lines += _session_lines(snap["clients"])
     for label, slab in (("slab", snap["slab"]), ("inputs", snap.get("inputs"))):
         if slab is not None:
             lines += ["", *_slab_lines(label, slab)]

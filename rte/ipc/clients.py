@@ -35,10 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from rte.ipc import figures
 from rte.ipc.claims import ClientState
 from rte.ipc.control import ClientBlock, Control
+from rte.ipc.figures import SessionFigures
 from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
 from shm.fifo import FifoBell
+from shm.segment import HEADER_SIZE
 
 log = logging.getLogger("rte.daemon")
 CLAIM_GRACE_S = 5.0
@@ -69,6 +72,7 @@ class Connection:
     next_handle: int = 0
     # the handles of the last list of sessions sent a STEP record (see Outbound)
     handle_cache: tuple[list[str], list[int], np.ndarray[Any, Any]] | None = None
+    figures: SessionFigures | None = None  # its sessions' real-time figures, by handle
 
     def __post_init__(self) -> None:
         n = len(self.block.consumed)
@@ -96,6 +100,8 @@ class Connection:
         self.emitted[handle] = int(self.block.consumed[handle])  # counts from here
         self.credits[handle] = credits
         self._bound[handle] = True
+        if self.figures is not None:
+            self.figures.bound(handle, session, time.monotonic_ns())
         return handle
 
     def unbind(self, session: str) -> None:
@@ -105,6 +111,8 @@ class Connection:
         self.credits[handle] = 0
         self._bound[handle] = False
         self.sessions.remove(session)
+        if self.figures is not None:
+            self.figures.unbound(handle)
 
     def with_credit(self) -> list[str]:
         """The sessions that may step: fewer chunks out than their credits."""
@@ -157,7 +165,11 @@ class ClientTable:
         bell: Doorbell,
         client_bells: list[Doorbell],
         client_wakes: list[FifoBell],
+        figures: Segment | None = None,
+        period_ns: int = 0,
     ) -> None:
+        """``figures``: the segment of every client's session figures (``period_ns``:
+        the pace they are counted at; 0 unpaced)."""
         self.control = control
         self.segment = segment
         self.slab = slab
@@ -166,6 +178,8 @@ class ClientTable:
         self.client_wakes = client_wakes
         self.connections: dict[int, Connection] = {}
         self.backlog_limit = 2 * control.layout.ring_capacity
+        self.figures = figures
+        self.period_ns = period_ns
 
     def scan(self) -> list[Connection]:
         """Adopt new clients, free abandoned claims; returns the dead connections
@@ -199,9 +213,14 @@ class ClientTable:
         outbox = Ring(self.segment, layout.outbox(index), doorbell=bell, policy="spin")
         block = self.control.client_block(index)
         block.reset()
-        self.connections[index] = Connection(
-            index, pid, start, inbox, outbox, self.backlog_limit, block
-        )
+        connection = Connection(index, pid, start, inbox, outbox, self.backlog_limit, block)
+        if self.figures is not None:  # a new client's figures start empty
+            handles = layout.max_sessions
+            each = figures.size(handles)
+            mine = self.figures.bytes_at(HEADER_SIZE + index * each, each)
+            connection.figures = SessionFigures(mine, handles, self.period_ns)
+            connection.figures.clear()
+        self.connections[index] = connection
         log.info("client %d (pid %d) connected; %d clients", index, pid, len(self.connections))
 
     def remove(self, connection: Connection, *, revoked: bool = False) -> None:

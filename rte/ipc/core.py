@@ -43,14 +43,15 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
-from rte.ipc.control import Control, Counter, DaemonState, RealTimeWord
+from rte.ipc.control import Control, Counter, DaemonState
+from rte.ipc.figures import publish_realtime
 from rte.ipc.inputs import InputRefused, Inputs, conditioning_of, with_conditioning
 from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
 from rte.ipc.wire import Bye, decode_request, request_seq
 from rte.replica import ReplicaEngine
-from rte.serve import Attach, Detach, OutboxItem, Request, Reset, ServeLoop
+from rte.serve import Act, Attach, Detach, OutboxItem, Request, Reset, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 from shm.fifo import FifoBell
@@ -78,6 +79,7 @@ class Shared:
     client_wakes: list[FifoBell]  # the same, as FIFOs: for clients on an event loop
     # each client's input slab, by client slot (none: no inputs by slot)
     inputs: list[Slab] = dataclasses.field(default_factory=list)
+    figures: Segment | None = None  # each session's real-time figures (rte.ipc.figures)
 
 
 class DaemonCore:
@@ -102,6 +104,8 @@ class DaemonCore:
             shared.bell,
             shared.client_bells,
             shared.client_wakes,
+            shared.figures,
+            round(1e9 / settings.pace_hz) if settings.pace_hz else 0,
         )
         self.router = Router(settings.credits)
         self.inputs = Inputs(shared.inputs)
@@ -140,7 +144,7 @@ class DaemonCore:
         """Serve until ``stopping`` is set; then finalize every session. A failure
         of the loop itself is kept in :attr:`failure` (the process reports it)."""
         pacer = self.loop.pacer
-        self.publish_realtime()
+        publish_realtime(self.control, self.loop, self.settings.pace_hz)
         try:
             while not stopping.is_set():
                 self.loop.begin_turn()
@@ -158,26 +162,6 @@ class DaemonCore:
         finally:
             self.finish()
 
-    def publish_realtime(self) -> None:
-        """What the serve loop knows of real time, into the control block."""
-        loop, pacer = self.loop, self.loop.pacer
-        capacity = loop.capacity()
-        a, b = loop.realtime.cost.coefficients()
-        self.control.publish_realtime(
-            {
-                RealTimeWord.CAPACITY: 0 if capacity is None else capacity + 1,
-                RealTimeWord.PACE_MHZ: round(self.settings.pace_hz * 1000),
-                RealTimeWord.ATTACHED: len(loop.conditioning),
-                RealTimeWord.REDUCED: loop.governor.reduced(),
-                RealTimeWord.COST_A_NS: round(a * 1e9),
-                RealTimeWord.COST_B_NS: round(b * 1e9),
-                RealTimeWord.TICKS_LATE: pacer.late if pacer is not None else 0,
-                RealTimeWord.TICKS_MISSED: pacer.missed if pacer is not None else 0,
-                RealTimeWord.ADMISSION: 1 if loop.realtime.admission == "realtime" else 2,
-                RealTimeWord.MARGIN_PERMILLE: round(loop.realtime.margin * 1000),
-            }
-        )
-
     def turn(self) -> bool:
         """One turn of the loop; True when some session stepped."""
         now = time.monotonic()
@@ -192,7 +176,7 @@ class DaemonCore:
                 self._reap(dead)
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
             self._retry_orphans(now)
-            self.publish_realtime()
+            publish_realtime(self.control, self.loop, self.settings.pace_hz)
         for connection in list(self.table.connections.values()):  # 2.
             try:
                 if connection.backlog:
@@ -213,7 +197,11 @@ class DaemonCore:
             outcome = self.loop.step(due)
             self.inputs.step_ended()
             self.step_times.add(time.monotonic_ns() - started)
+            left = self._leaving(outcome) if outcome and type(outcome[-1]) is Notice else []
             self.out.deliver(outcome, None)
+            for session, owner in left:  # detached by the step (its own failure)
+                self.inputs.drop(session)
+                self.table.publish_sessions(owner)
             self._steps += 1
         elif not self.router.owners and not self._orphans:
             self.inputs.settle()
@@ -236,6 +224,17 @@ class DaemonCore:
             self.control.count(Counter.CLIENTS_DISCONNECTED)
         return bool(due)
 
+    def _leaving(self, outcome: list[OutboxItem]) -> list[tuple[str, Connection]]:
+        """The sessions ``outcome`` detaches, with their owners (before it unbinds them)."""
+        detached = NoticeKind.DETACHED
+        return [
+            (item.session, owner)
+            for item in outcome
+            if type(item) is Notice
+            and item.kind is detached
+            and (owner := self.router.owner(item.session)) is not None
+        ]
+
     def _count_steps(self) -> None:
         """Add the steps and chunks since the last call to the daemon's counters."""
         if self._steps:
@@ -246,7 +245,7 @@ class DaemonCore:
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
         self._count_steps()
-        self.publish_realtime()
+        publish_realtime(self.control, self.loop, self.settings.pace_hz)
         if self.failure is not None:  # clients' EngineGone says it
             self.control.set_reason(f"{type(self.failure).__name__}: {self.failure}")
         self.control.set_state(DaemonState.STOPPING)
@@ -318,6 +317,9 @@ class DaemonCore:
         elif isinstance(message, Reset) and message.session in connection.handles:
             credits = int(connection.credits[connection.handles[message.session]])
         answers = self.loop.handle(message)
+        if not answers and type(message) is Act and connection.figures is not None:
+            handle = connection.handles[message.session]  # timed to its photon
+            connection.figures.acted(handle, message.seq, time.monotonic_ns())
         for answer in answers:  # sessions coming and going, and refusals, for the log
             if isinstance(answer, Notice) and answer.kind in _LOGGED:
                 level = logging.INFO if answer.kind in _COMINGS else logging.WARNING

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from rte.ipc import latency
+from rte.ipc.control import Control, RealTimeWord
+from rte.serve import ServeLoop
 
 NAME_BYTES = 64  # a session's name as shown (longer ones are cut)
 ON_TIME_PERIODS = 1.5
@@ -83,6 +85,11 @@ class SessionFigures:
 
     # -- the writer (the daemon's serve thread) ---------------------------------
 
+    def clear(self) -> None:
+        """Forget every handle's figures (a new client in the slot)."""
+        for a in (self.words, self.gaps, self.photons, self.names):
+            a[...] = 0
+
     def bound(self, handle: int, session: str, now_ns: int) -> None:
         """``session`` took ``handle`` (ATTACHED): its figures start afresh."""
         self.words[handle] = 0
@@ -99,8 +106,11 @@ class SessionFigures:
     def unbound(self, handle: int) -> None:
         self.words[handle, Word.LIVE] = 0
 
-    def emitted(self, handles: np.ndarray[Any, Any], now_ns: int) -> None:
-        """A step emitted one chunk to each of ``handles`` (distinct) at ``now_ns``."""
+    def emitted(
+        self, handles: np.ndarray[Any, Any], now_ns: int, applied: list[int] | None = None
+    ) -> None:
+        """A step emitted one chunk to each of ``handles`` (distinct) at ``now_ns``;
+        ``applied``: their receipts (None: no session has acted)."""
         w = self.words
         last = w[handles, Word.LAST_NS]
         first = last == 0
@@ -115,6 +125,8 @@ class SessionFigures:
         if len(later):
             buckets = _buckets(gaps[~first])
             np.add.at(self.gaps, (later, buckets), 1)
+        if applied is not None:
+            self.applied(handles, np.asarray(applied, np.int64), now_ns)
 
     def acted(self, handle: int, seq: int, now_ns: int) -> None:
         """An action ``seq`` of the session was received (timed if none is pending)."""
@@ -170,6 +182,28 @@ class SessionFigures:
         used = np.flatnonzero(self.words[:, Word.ATTACHED_NS] > 0)
         out = [self.session(int(h), now_ns) for h in used]
         return sorted(out, key=lambda s: not s["live"])
+
+
+def publish_realtime(control: Control, loop: ServeLoop, pace_hz: float) -> None:
+    """What the serve loop knows of real time (capacity, cost, late ticks), into
+    the daemon's control block (:class:`~rte.ipc.control.RealTimeWord`)."""
+    pacer = loop.pacer
+    capacity = loop.capacity()
+    a, b = loop.realtime.cost.coefficients()
+    control.publish_realtime(
+        {
+            RealTimeWord.CAPACITY: 0 if capacity is None else capacity + 1,
+            RealTimeWord.PACE_MHZ: round(pace_hz * 1000),
+            RealTimeWord.ATTACHED: len(loop.conditioning),
+            RealTimeWord.REDUCED: loop.governor.reduced(),
+            RealTimeWord.COST_A_NS: round(a * 1e9),
+            RealTimeWord.COST_B_NS: round(b * 1e9),
+            RealTimeWord.TICKS_LATE: pacer.late if pacer is not None else 0,
+            RealTimeWord.TICKS_MISSED: pacer.missed if pacer is not None else 0,
+            RealTimeWord.ADMISSION: 1 if loop.realtime.admission == "realtime" else 2,
+            RealTimeWord.MARGIN_PERMILLE: round(loop.realtime.margin * 1000),
+        }
+    )
 
 
 def _buckets(ns: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

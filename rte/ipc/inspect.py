@@ -13,15 +13,17 @@ client's pushed-to-taken; :func:`delivery_us` turns them into percentiles.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from rte.errors import DaemonRunningError
-from rte.ipc import latency
+from rte.ipc import figures, latency
 from rte.ipc.claims import ClientState
-from rte.ipc.control import KIND_CONTROL, KIND_INPUTS, KIND_SLAB, Control
+from rte.ipc.control import KIND_CONTROL, KIND_FIGURES, KIND_INPUTS, KIND_SLAB, Control
+from rte.ipc.figures import SessionFigures
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import describe
 from shm import Ring, Segment, ShmError, Slab, SlotState, is_alive
@@ -108,6 +110,7 @@ def snapshot(name: str) -> dict[str, Any]:
                 )
             except ShmError:  # none, or not readable: left out
                 continue
+        board = _figures(names, layout)
         clients = []
         for entry in control.table.entries():
             if entry.state is ClientState.FREE:
@@ -130,6 +133,7 @@ def snapshot(name: str) -> dict[str, Any]:
                     "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
                     "rings": rings,
                     "pushed_to_taken": control.client_histogram(entry.index).counts().tolist(),
+                    "session_figures": board(entry.index) if entry.state is ClientState.ACTIVE else [],
                 }
             )
         return {
@@ -140,11 +144,11 @@ def snapshot(name: str) -> dict[str, Any]:
             "slab": _slab(slab_segment) if slab_segment is not None else None,
             "inputs": _inputs(inputs_segments) if inputs_segments else None,
             "counters": control.counters(),
+            "realtime": control.realtime(),  # capacity at its pace, attached, reduced...
             "emitted_to_pushed": control.histogram.counts().tolist(),
             "emitted_to_pushed_sum_ns": _total(control.histogram),
             "step_ns": control.step_histogram.counts().tolist(),
             "step_sum_ns": _total(control.step_histogram),
-            "realtime": control.realtime(),  # capacity at its pace, attached, reduced...
             "taken_at": time.time(),
         }
     finally:
@@ -152,6 +156,27 @@ def snapshot(name: str) -> dict[str, Any]:
         for opened in (slab_segment, *inputs_segments.values()):
             if opened is not None:
                 opened.close()
+
+
+def _figures(names: DaemonNames, layout: Any) -> Callable[[int], list[dict[str, Any]]]:
+    """Each client slot's session figures (:mod:`rte.ipc.figures`), read from the
+    daemon's figures segment once per call; [] where there is none."""
+    try:
+        with Segment.open(names.figures, kind=KIND_FIGURES, readonly=True) as segment:
+            size = segment.size - HEADER_SIZE
+            data = segment.array(HEADER_SIZE, np.uint8, (size,), readonly=True).tobytes()
+    except ShmError:  # none (an older daemon's leftovers), or not readable
+        return lambda index: []
+    each, handles = figures.size(layout.max_sessions), layout.max_sessions
+    now = time.monotonic_ns()
+
+    def of(index: int) -> list[dict[str, Any]]:
+        at = index * each
+        if at + each > len(data):
+            return []
+        return SessionFigures(data[at : at + each], handles, 0, readonly=True).sessions(now)
+
+    return of
 
 
 def _total(histogram: latency.Histogram) -> int:

@@ -98,6 +98,26 @@ def prometheus(snap: dict[str, Any]) -> str:
         ("ticks_missed_total", "ticks_missed", "Paced ticks skipped: a turn ran past the next."),
     ):
         metric(name, "counter", text, [(daemon, rt.get(key, 0))])
+    live = [s for c in clients for s in c.get("session_figures", []) if s["live"]]
+    on_time = [s["on_time_pct"] for s in live if s["on_time_pct"] is not None]
+    for name, text, value in (
+        (
+            "sessions_below_realtime",
+            "Live sessions with under 99% of their chunks on time.",
+            sum(1 for v in on_time if v < 99),
+        ),
+        (
+            "session_on_time_ratio_min",
+            "The lowest share of chunks on time of any live session (1 with none).",
+            min(on_time, default=100.0) / 100,
+        ),
+        (
+            "session_stall_longest_seconds",
+            "The longest stall of any live session (its longest gap less a period).",
+            max((s["longest_stall_ms"] for s in live), default=0.0) / 1e3,
+        ),
+    ):
+        metric(name, "gauge", text, [(daemon, value)])
     counters = snap["counters"]
     for key, (name, text) in COUNTERS.items():
         metric(name, "counter", text, [(daemon, counters.get(key, 0))])

@@ -44,6 +44,12 @@ class DaemonNames:
     def slab(self) -> str:
         return shm_name(self.daemon, "slab")
 
+    @property
+    def figures(self) -> str:
+        """Each session's real-time figures (:mod:`rte.ipc.figures`): written by the
+        daemon alone, mapped read-only by everyone else."""
+        return shm_name(self.daemon, "figures")
+
     def client_inputs(self, index: int) -> str:
         """The input segment of client slot ``index``: the slab through which that
         client alone lends large inputs (:mod:`rte.ipc.inputs`)."""

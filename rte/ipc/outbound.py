@@ -139,6 +139,8 @@ class Outbound:
                 self.histogram.add(pushed - emitted_ns)
                 owner.emitted[index] += 1
                 self._emitted += len(slots)
+                if owner.figures is not None:
+                    owner.figures.emitted(index, emitted_ns, applied)
                 return
         # nobody will read them: give them back as their reader would
         with contextlib.suppress(ShmError):
@@ -148,6 +150,8 @@ class Outbound:
     def send(self, connection: Connection, notice: Notice) -> None:
         """An answer to one client; it never fails for its size (truncated to fit)."""
         handle = connection.handles.get(notice.session, 0)
+        if notice.kind is NoticeKind.REDUCED and connection.figures is not None:
+            connection.figures.reduced(handle)
         record = encode_notice(notice, connection.outbox.max_record, handle)
         if not connection.send(record):
             self.control.count(Counter.NOTICES_DROPPED)

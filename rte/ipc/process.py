@@ -31,8 +31,17 @@ from typing import TypeVar
 
 from rte.contract import Manifest
 from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
+from rte.ipc import figures
 from rte.ipc import inputs as input_slab
-from rte.ipc.control import KIND_CONTROL, KIND_INPUTS, KIND_SLAB, Control, DaemonState, Layout
+from rte.ipc.control import (
+    KIND_CONTROL,
+    KIND_FIGURES,
+    KIND_INPUTS,
+    KIND_SLAB,
+    Control,
+    DaemonState,
+    Layout,
+)
 from rte.ipc.core import DaemonCore, Shared
 from rte.ipc.metrics import serve_metrics
 from rte.ipc.names import DaemonNames
@@ -254,6 +263,8 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
         max_owners=n,
         quota=settings.client_quota,
     )
+    figures_bytes = HEADER_SIZE + n * figures.size(manifest.max_sessions)
+    board = _owned(stack, Segment.create(names.figures, figures_bytes, kind=KIND_FIGURES))
     bell = _owned(stack, Doorbell(names.bell, create=True))
     client_bells = [_owned(stack, Doorbell(names.client_bell(i), create=True)) for i in range(n)]
     client_wakes = [_owned(stack, FifoBell(names.client_wake(i), create=True)) for i in range(n)]
@@ -267,7 +278,7 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
         for i in range(n):
             mine = Segment.create(names.client_inputs(i), size, kind=KIND_INPUTS)
             inputs.append(input_slab.create_slab(_owned(stack, mine), share, slot_bytes))
-    return Shared(segment, control, slab, bell, client_bells, client_wakes, inputs)
+    return Shared(segment, control, slab, bell, client_bells, client_wakes, inputs, board)
 
 
 def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:
