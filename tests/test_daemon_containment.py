@@ -95,3 +95,32 @@ def _fail_in_a_loop(bystander: EngineClient, attacker: EngineClient) -> None:
     steady = watch.chunks["steady"]
     assert steady == list(range(len(steady)))  # every chunk, in order: no gap, no repeat
     assert watch.chunks["bad-seed"][:2] == [0, 1]
+
+
+def test_a_session_the_step_fails_gives_back_its_frame_slot_and_its_place_at_once(
+    daemon: DaemonProcess,
+) -> None:
+    """Its input slot and the client's session count are given back when the step
+    detaches it, not when the client's last session leaves."""
+    from daemon_harness import wait_for  # noqa: PLC0415
+
+    from rte.ipc.inspect import snapshot  # noqa: PLC0415
+
+    with daemon.client() as client:
+        h, w, _ = client.manifest.latent_shape
+        client.attach("steady")
+        with client.loan((4 * h, 4 * w, 3), "uint8") as frame:  # lent through a slot
+            frame[...] = 7
+            client.attach("doomed", {"prompt": "fine", "frame": frame})
+        held = lambda: sum(snapshot(daemon.name)["inputs"]["held_by_client"].values())  # noqa: E731
+        assert held() == 1
+        client.act("doomed", {"prompt": POISON})  # its encode fails: the step detaches it
+        deadline = Deadline(20, "the doomed session's detach")
+        while not any(n.kind is NoticeKind.DETACHED for n in client.notices()):
+            batch = client.poll_batch(timeout=0.05)
+            if batch is not None:
+                batch.release()
+            deadline.check()
+        wait_for(lambda: held() == 0, what="the frame's slot given back")
+        entry = next(c for c in snapshot(daemon.name)["clients"] if c["state"] == "active")
+        assert entry["sessions"] == 1  # "steady" alone
