@@ -142,6 +142,14 @@ def add_parser(sub: Any) -> None:
         "and a TOML file (--config); the command line wins, then the environment.",
     )
     p.add_argument("--config", type=Path, help="a TOML file of settings (max-sessions = 16)")
+    p.add_argument(
+        "--model-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the model's factory (repeatable; numbers and "
+        "true/false are typed), e.g. --model-setting cost=2 for the world model",
+    )
     for option in OPTIONS:
         default = f" (default {option.default})" if option.default not in (None, "") else ""
         p.add_argument(
@@ -168,7 +176,30 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> dict[str
             values[option.key] = given
     if not values["name"]:
         raise ConfigurationError("--name is required (or RTE_NAME, or name in --config)")
+    values["model_settings"] = model_settings(getattr(args, "model_setting", []))
     return values
+
+
+def model_settings(pairs: list[str]) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs as the model factory's keyword arguments (None: none)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigurationError(f"--model-setting {pair!r}: KEY=VALUE, KEY a Python name")
+        out[key] = _scalar(raw)
+    return out or None
+
+
+def _scalar(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 def _from_file(path: Path) -> dict[str, Any]:
@@ -250,5 +281,7 @@ def _children(
             value = own.get(option.key, values.get(option.key))
             if value is not None and option.key in values:
                 argv += [f"--{option.name}", str(value)]
+        for key, value in (values.get("model_settings") or {}).items():
+            argv += ["--model-setting", f"{key}={value}"]
         children.append(Child(f"{name}-{i}", argv))
     return children
