@@ -36,24 +36,24 @@ def test_a_costlier_world_makes_the_same_frames() -> None:
         np.testing.assert_array_equal(a, b)
 
 
-def test_the_factor_follows_its_file_and_keeps_the_last_good_one(
+def test_the_file_multiplies_the_setting_and_keeps_its_last_good_factor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cost, "LOOK_EVERY_S", 0.0)  # look at every stage
     path = tmp_path / "cost"
-    dial = CostDial(1.0, str(path))
+    dial = CostDial(2.0, str(path))
     with dial.stage():  # no file yet: the setting holds
         pass
-    assert dial.factor == 1.0
+    assert dial.factor * dial.scale == 2.0
     path.write_text("2.5\n")
     with dial.stage():
         pass
-    assert dial.factor == 2.5
+    assert dial.factor * dial.scale == 5.0  # the file's factor on top of the setting
     path.write_text("not a number")
     os.utime(path, (1, 1))  # a new mtime, whatever the clock's resolution
     with dial.stage():
         pass
-    assert dial.factor == 2.5
+    assert dial.scale == 2.5
 
 
 @pytest.mark.parametrize("factor", [0.0, -1.0, float("nan"), 1e9])
