@@ -195,8 +195,11 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+        # before the bind: a port that is taken ends the bind in server_close, which
+        # must find what it closes (no worker yet)
         self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(WAITING)
+        self._workers: list[threading.Thread] = []
+        super().__init__(address, handler)
         self._workers = [
             threading.Thread(target=self._work, name=f"rte-metrics-{i}", daemon=True)
             for i in range(WORKERS)
