@@ -33,6 +33,7 @@ from rte.client import (
     Chunk,
     ChunkBatch,
     EngineClient,
+    PoolClient,
     ShmClient,
     connect,
     connect_async,
@@ -80,6 +81,13 @@ def check_rows(batch: ChunkBatch, owners: dict[str, int]) -> None:
                 f"chunk {int(batch.chunks[i])} of {session!r} carries tag {tag}: "
                 f"session {tag // TAG_SPAN}'s, not {owner}'s"
             )
+
+
+def run(ready: Any, body: Callable[..., None], *args: Any) -> None:
+    """``body(*args)`` once this process has started (imports done): ``ready`` is
+    set then, so the test times its faults from the moment the actors act."""
+    ready.set()
+    body(*args)
 
 
 # -- the bystander -------------------------------------------------------------
@@ -140,6 +148,7 @@ class Actor:
         self.rng = random.Random(seed)
         self.hostile = hostile
         self.held: list[Chunk | ChunkBatch] = []  # handed out, not yet released
+        self.pinned: list[ChunkBatch] = []  # held until the client closes
         self.owners = {self.session(k): ident * 8 + k for k in range(4)}
         self.tags = 0
 
@@ -159,18 +168,45 @@ class Actor:
             _read(got)
             self.held.append(got)
         if self.hostile == "held-views":
-            for held in self.held:
+            for held in self.held + self.pinned:
                 with contextlib.suppress(RteError):
                     _read(held)
         keep = 0.8 if self.hostile == "held-views" and len(self.held) < 8 else 0.4
         if self.held and self.rng.random() > keep:
             self.held.pop(self.rng.randrange(len(self.held))).release()
 
+    def hold_across_close(self, client: EngineClient) -> None:
+        """``held-views``, at once: a chunk held while its client closes, then read."""
+        client.attach(self.session(0), timeout=5)
+        chunk = None
+        deadline = time.monotonic() + 3
+        while chunk is None and time.monotonic() < deadline:
+            chunk = client.poll(timeout=0.1)
+        client.close()
+        if chunk is not None:
+            with contextlib.suppress(RteError):
+                _read(chunk)
+
+    def pin_every_session(self, client: EngineClient) -> None:
+        """``held-views`` in a pool: attach every session (some land on the daemon
+        that will die), and hold a batch with a chunk of each for good."""
+        missing = set(self.owners)
+        for session in sorted(missing):
+            client.attach(session, {"tag": self.tag(session)}, timeout=5)
+        deadline = time.monotonic() + 5
+        while missing and time.monotonic() < deadline:
+            batch = client.poll_batch(timeout=0.1)
+            if batch is not None and missing & set(batch.sessions):
+                missing -= set(batch.sessions)
+                self.pinned.append(batch)
+            elif batch is not None:
+                batch.release()
+
     def dropped(self) -> None:
         """The client is closed: what it held is read (``held-views``) and released
         (nothing to give back, and no error)."""
         self.take(None)
-        held, self.held = self.held, []
+        held, self.held, self.pinned = self.held + self.pinned, [], []
         for thing in held:
             thing.release()
 
@@ -222,6 +258,9 @@ def inputs_chaos(
     deadline = time.monotonic() + seconds
     client: ShmClient | None = None
     kept: list[Any] = []  # loans never sent nor aborted (the daemon reclaims them)
+    if hostile == "held-views":
+        with contextlib.suppress(RteError):
+            actor.hold_across_close(ShmClient(name, timeout=5))
     while time.monotonic() < deadline:
         try:
             if client is None:
@@ -376,6 +415,8 @@ def pool_chaos(
                     client = connect(names[0], timeout=5)
                 else:
                     client = connect_pool(names, timeout=5, reattach=rng.random() < 0.5)
+                if hostile == "held-views" and not actor.pinned:
+                    actor.pin_every_session(client)
             op = rng.random()
             session = actor.session()
             if op < 0.2:
@@ -394,12 +435,26 @@ def pool_chaos(
                     check_rows(batch, actor.owners)
                 actor.take(batch)
                 client.notices()
-            else:
+            elif hostile != "held-views":  # (which keeps its pins across a daemon's death)
                 client.close()
                 client = None
                 actor.dropped()
         except RteError:
             continue
+    if isinstance(client, PoolClient) and hostile == "held-views":
+        _after_a_loss(client, actor)
     if client is not None and rng.random() < 0.5:
         client.close()
         actor.dropped()
+
+
+def _after_a_loss(client: PoolClient, actor: Actor) -> None:
+    """Wait (bounded) until the pool has lost the daemon the test killed, then
+    read every chunk held, those from the lost daemon included."""
+    deadline = time.monotonic() + 5
+    while len(client.live()) == len(client.members):
+        if time.monotonic() > deadline:
+            raise Unexpected(f"pool {client.name!r} never noticed its daemon's death")
+        with contextlib.suppress(RteError):
+            actor.take(client.poll_batch(timeout=0.05))
+    actor.take(None)
