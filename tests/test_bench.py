@@ -244,3 +244,49 @@ def test_plot_without_matplotlib_is_refused_before_the_suite_runs(
     monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("the suite ran first"))
     with pytest.raises(SystemExit, match="needs matplotlib"):
         bench.main(["--suite", "e2e", "--plot", "x.png"])
+
+
+def test_the_real_time_benchmark_reports_every_part_against_its_peer() -> None:
+    from tools import bench_realtime  # noqa: PLC0415
+
+    plan = bench_realtime.Plan(
+        callers=2,
+        cost=6.0,
+        max_sessions=6,
+        window_s=0.5,
+        settle_s=0.3,
+        levels=(1.0, 2.0),
+        churn_s=2.0,
+        lifetime_s=1.0,
+        overload_s=(0.5, 1.0, 0.5),
+        processes=1,
+    )
+    result = bench_realtime.run(plan)
+    ramp = result["ramp"]
+    assert {r["admission"] for r in ramp} == {"realtime", "rows"}
+    for row in ramp:
+        assert row["admitted"] <= row["offered"]
+        if row["admission"] == "rows":
+            assert row["admitted"] == row["offered"]  # rows alone never refuse below the rows
+    assert result["capacity"] >= 1 and isinstance(result["knee"], int)
+    assert [r["admission"] for r in result["churn"]] == ["realtime", "rows"]
+    assert {(r["phase"], r["priority"]) for r in result["overload"]} == {
+        (p, c) for p in ("before", "during", "after") for c in (0, 2)
+    }
+    assert [r["layout"] for r in result["processes"]] == ["one daemon per session", "one daemon"]
+    for row in result["processes"]:
+        assert row["rss_mib"] > 0 and 0 <= row["in_real_time"] <= row["sessions"]
+
+
+def test_on_time_is_a_gap_of_at_most_a_period_and_a_half_over_the_periods_that_passed() -> None:
+    from tools.bench_realtime import session_figures  # noqa: PLC0415
+
+    period = 10_000_000
+    steady = [k * period for k in range(1, 101)]
+    assert session_figures(steady, 0, 100 * period, period)["on_time"] == 1.0
+    halved = [k * period for k in range(2, 101, 2)]  # every second tick
+    assert session_figures(halved, 0, 100 * period, period)["on_time"] == 0.0
+    late = [(k + (k >= 50)) * period for k in range(1, 101)]  # one tick lost: a 2-period gap
+    figures = session_figures(late, 0, 100 * period, period)
+    assert figures["on_time"] == pytest.approx(96 / 98) and figures["stalls"] == 0
+    assert session_figures(steady, 200 * period, 300 * period, period)["on_time"] == 0.0

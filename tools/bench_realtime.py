@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing as mp
 import os
 import random
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,11 +55,11 @@ import psutil
 from rte.ipc import inspect
 from tools import report
 from tools.bench_e2e import Daemon
-from tools.realtime_callers import Track, serve
+from tools.realtime_callers import Callers, Track
 
 ON_TIME = 1.5  # a gap of at most this many periods
 STALL = 3.0
-RAMP = ["admission", "offered", "admitted", "fps_min", "fps_median", "on_time_min_pct"]
+RAMP = ["admission", "published", "offered", "admitted", "fps_min", "fps_median", "on_time_min_pct"]
 RAMP += ["on_time_median_pct", "gap_p99_ms", "rows_per_step"]
 CHURN = ["admission", "offered_x", "served", "refused", "on_time_p1_pct", "on_time_p50_pct"]
 CHURN += ["ttfc_p50_ms", "ttfc_p99_ms", "photon_p50_ms", "photon_p95_ms", "stalls_per_min"]
@@ -94,7 +93,7 @@ class Plan:
 
 QUICK = Plan(
     callers=2,
-    cost=30.0,
+    cost=6.0,
     max_sessions=16,
     window_s=1.0,
     settle_s=0.5,
@@ -115,8 +114,12 @@ def session_figures(emitted: Sequence[int], t0: int, t1: int, period: int) -> di
     inside = e[(e >= t0) & (e < t1)]
     before = e[e < t0]
     times = np.concatenate([before[-1:], inside])  # the chunk before the window opens it
+    if not len(times):
+        return {"fps": 0.0, "on_time": 0.0, "gap_p99": 0.0, "stalls": 0.0}
     gaps = np.diff(times) / period
-    owed = max(1, round((t1 - t0) / period))
+    # the periods that passed from the first chunk counted from to the window's end
+    # (less half a period: a chunk due at the very end may land just past it)
+    owed = max(1, int((t1 - times[0]) / period - 0.5))
     return {
         "fps": len(inside) / ((t1 - t0) / 1e9),
         "on_time": min(1.0, float(np.count_nonzero(gaps <= ON_TIME)) / owed),
@@ -129,7 +132,7 @@ def _lifetime(track: Track, period: int) -> dict[str, float] | None:
     if len(track.emitted) < 2:
         return None
     first, last = track.emitted[0], track.emitted[-1]
-    return session_figures(track.emitted, first + 1, last + 1, period) | {
+    return session_figures(track.emitted, first + 1, last + period // 2 + 1, period) | {
         "minutes": (last - first) / 60e9,
         "ttfc": (track.first_taken_ns - track.attach_sent_ns) / 1e6,
     }
@@ -140,54 +143,6 @@ def _pct(values: Sequence[float], q: float, scale: float = 1.0) -> float:
 
 
 # -- processes -------------------------------------------------------------------
-
-
-class Callers:
-    """``n`` caller processes over the daemons ``names`` (each caller connects to all)."""
-
-    def __init__(self, names: list[str], n: int, act_every_s: float) -> None:
-        context = mp.get_context("spawn")
-        self.pipes = []
-        self.processes = []
-        for i in range(n):
-            ours, theirs = context.Pipe()
-            args = (theirs, names, act_every_s, 1000 + i)
-            process = context.Process(target=serve, args=args, daemon=True)
-            process.start()
-            self.pipes.append(ours)
-            self.processes.append(process)
-        for pipe in self.pipes:
-            if not pipe.poll(90):
-                raise RuntimeError("a caller did not connect in 90 s")
-            state, why = pipe.recv()
-            if state != "ready":
-                raise RuntimeError(f"a caller could not connect: {why}")
-
-    def ask(self, i: int, *command: Any) -> Any:
-        self.pipes[i].send(command)
-        if not self.pipes[i].poll(120):
-            raise RuntimeError(f"caller {i} did not answer {command[0]!r} in 120 s")
-        return self.pipes[i].recv()
-
-    def everyone(self, *command: Any) -> list[Any]:
-        for pipe in self.pipes:
-            pipe.send(command)
-        out = []
-        for i, pipe in enumerate(self.pipes):
-            if not pipe.poll(120):
-                raise RuntimeError(f"caller {i} did not answer {command[0]!r} in 120 s")
-            out += pipe.recv()
-        return out
-
-    def close(self) -> None:
-        for pipe in self.pipes:
-            with suppress(OSError):  # a caller that died has closed its end
-                pipe.send(("stop",))
-        for process in self.processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
 
 
 @contextmanager
@@ -206,9 +161,10 @@ def _daemon(plan: Plan, admission: str, cost_file: str, sessions: int = 0) -> It
         daemon.close()
 
 
-def _capacity(name: str) -> int:
-    """What the daemon publishes as its real-time capacity (0: not known yet)."""
-    return int(inspect.snapshot(name).get("realtime", {}).get("capacity") or 0)
+def _capacity(name: str) -> int | None:
+    """What the daemon publishes as its real-time capacity (None: not known yet)."""
+    capacity = inspect.snapshot(name)["realtime"]["capacity"]
+    return None if capacity is None else int(capacity)
 
 
 def _rows_per_step(name: str, before: dict[str, int]) -> tuple[float, dict[str, int]]:
@@ -222,12 +178,12 @@ def _warm_capacity(plan: Plan, daemon: Daemon, callers: Callers) -> int:
     """Attach a few sessions until the daemon has learnt its cost; its capacity."""
     callers.ask(0, "attach", [(f"warm{i}", None, None) for i in range(4)], 0.0)
     deadline = time.monotonic() + 30
-    while (capacity := _capacity(daemon.name)) == 0 and time.monotonic() < deadline:
+    while (capacity := _capacity(daemon.name)) is None and time.monotonic() < deadline:
         time.sleep(0.2)
     callers.ask(0, "detach_all")
-    if not capacity:
+    if capacity is None:
         raise RuntimeError("the daemon published no real-time capacity in 30 s")
-    return capacity
+    return max(1, capacity)
 
 
 # -- the parts -------------------------------------------------------------------
@@ -265,9 +221,11 @@ def ramp(plan: Plan, cost_file: str) -> dict[str, Any]:
                 fps = [f["fps"] for f in figures]
                 on_time = [f["on_time"] * 100 for f in figures]
                 gaps = [f["gap_p99"] for f in figures]
+                published = _capacity(daemon.name)
                 rows.append(
                     {
                         "admission": admission,
+                        "published": -1 if published is None else published,
                         "offered": offered,
                         "admitted": len(tracks),
                         "fps_min": min(fps, default=0.0),
@@ -279,6 +237,8 @@ def ramp(plan: Plan, cost_file: str) -> dict[str, Any]:
                     }
                 )
                 report.progress("realtime", len(rows), 2 * len(plan.levels), _line(rows[-1]))
+    refused = [r for r in rows if r["admission"] == "realtime" and r["admitted"] < r["offered"]]
+    capacity = refused[0]["published"] if refused else capacity  # when it said no
     knee = max(
         (r["offered"] for r in rows if r["admission"] == "rows" and r["on_time_min_pct"] >= 99),
         default=0,

@@ -19,11 +19,15 @@ Commands (tuples; the first item names it), each answered by one reply:
 * ``("finished",)``: the tracks of the sessions that ended since the last call.
 * ``("detach_all",)``: detach every session; their tracks.
 * ``("stop",)``: close and exit.
+
+:class:`Callers` starts ``n`` of them and asks them things, each in turn or all
+at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import random
 import time
 from dataclasses import dataclass, field
@@ -191,3 +195,51 @@ def serve(conn: Connection, names: list[str], act_every_s: float, seed: int) -> 
             caller.turn()
     finally:
         caller.close()
+
+
+class Callers:
+    """``n`` caller processes over the daemons ``names`` (each caller connects to all)."""
+
+    def __init__(self, names: list[str], n: int, act_every_s: float) -> None:
+        context = mp.get_context("spawn")
+        self.pipes = []
+        self.processes = []
+        for i in range(n):
+            ours, theirs = context.Pipe()
+            args = (theirs, names, act_every_s, 1000 + i)
+            process = context.Process(target=serve, args=args, daemon=True)
+            process.start()
+            self.pipes.append(ours)
+            self.processes.append(process)
+        for pipe in self.pipes:
+            if not pipe.poll(90):
+                raise RuntimeError("a caller did not connect in 90 s")
+            state, why = pipe.recv()
+            if state != "ready":
+                raise RuntimeError(f"a caller could not connect: {why}")
+
+    def ask(self, i: int, *command: Any) -> Any:
+        self.pipes[i].send(command)
+        if not self.pipes[i].poll(120):
+            raise RuntimeError(f"caller {i} did not answer {command[0]!r} in 120 s")
+        return self.pipes[i].recv()
+
+    def everyone(self, *command: Any) -> list[Any]:
+        for pipe in self.pipes:
+            pipe.send(command)
+        out = []
+        for i, pipe in enumerate(self.pipes):
+            if not pipe.poll(120):
+                raise RuntimeError(f"caller {i} did not answer {command[0]!r} in 120 s")
+            out += pipe.recv()
+        return out
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):  # a caller that died has closed its end
+                pipe.send(("stop",))
+        for process in self.processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
