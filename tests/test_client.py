@@ -164,6 +164,20 @@ def test_admission_beyond_capacity_then_rows_are_reused(engine: Engines) -> None
     assert indices(take(client, "one-too-many", 2)) == [0, 1]
 
 
+def test_credits_the_quota_cannot_hold_are_refused_at_attach(engine: Engines) -> None:
+    """A quota holds every row at the default credits plus one in flight (3 x 3 = 9
+    here): an attach whose credits would push past it is refused, saying so, rather
+    than leaving the client's sessions to stall for slots, silently."""
+    client = engine.client()
+    client.attach("a", credits=4)
+    client.attach("b", credits=4)
+    with pytest.raises(RequestError, match="more than its quota of 9 slots"):
+        client.attach("c", credits=4)
+    assert "c" not in client.sessions
+    client.attach("c", credits=1)  # 4 + 4 + 1 fits
+    assert indices(take(client, "c", 2)) == [0, 1]
+
+
 def test_reset_restarts_identically_and_a_refused_one_changes_nothing(engine: Engines) -> None:
     client = engine.client()
     client.attach("r", {"prompt": "p"})

@@ -14,9 +14,10 @@ import sys
 import pytest
 from daemon_harness import DaemonProcess, Deadline, leftovers
 
+from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
 from rte.ipc.control import MAX_SESSIONS
-from rte.ipc.settings import Settings, chunks_to_drive
+from rte.ipc.settings import Settings
 from shm.names import SHM_DIR
 
 

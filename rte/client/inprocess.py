@@ -31,7 +31,8 @@ from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.inputs import by_reference
 from rte.contract import Engine, Notice, NoticeKind, StepResult
-from rte.errors import EngineGone, RequestTimeout
+from rte.credits import chunks_to_drive, credit_refusal
+from rte.errors import EngineGone, RequestError, RequestTimeout
 from rte.ipc.wire import encode_request
 from rte.realtime import ADMISSIONS
 from rte.serve import DEFAULT_CREDITS, Attach, Request, Stop, Wake, default_serve
@@ -47,7 +48,8 @@ class InProcessClient(EngineClient):
     Args:
         engine: any Level-1 engine (e.g. ``ComposedEngine(ReferenceModel(8))``).
         quota: chunks received and not yet released before every session stalls
-            (default: two per row).
+            (default: what every row at ``credits`` needs, so none is throttled; an
+            attach whose credits the quota cannot hold is refused).
         credits: each session's default credits (see :meth:`EngineClient.attach`).
         pace_hz: target steps per second; None steps as fast as possible.
         admission: ``realtime`` (paced: an attach past the sessions the pace holds,
@@ -66,7 +68,7 @@ class InProcessClient(EngineClient):
         manifest = engine.manifest()
         super().__init__("in-process", manifest)
         self.engine = engine
-        self.quota = quota or 2 * manifest.max_sessions
+        self.quota = quota or chunks_to_drive(manifest.max_sessions, credits)
         if self.quota < 1 or credits < 1:
             raise ValueError(f"quota and credits must be at least 1, got {self.quota}, {credits}")
         self.credits = credits
@@ -129,7 +131,12 @@ class InProcessClient(EngineClient):
         if isinstance(request, Attach):
             with self._lock:  # attached already: the binding stays as it is
                 if request.session not in self._bound:
-                    self._credit[request.session] = request.credits or self.credits
+                    asked = request.credits or self.credits
+                    held = sum(self._credit.get(s, 0) for s in self._bound)
+                    refusal = credit_refusal(held, asked, self.quota, "pass a larger quota=")
+                    if refusal is not None:
+                        raise RequestError(refusal)
+                    self._credit[request.session] = asked
         try:
             self._inbox.put(request, timeout=timeout)
         except queue.Full:

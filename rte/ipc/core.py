@@ -107,7 +107,7 @@ class DaemonCore:
             shared.figures,
             round(1e9 / settings.pace_hz) if settings.pace_hz else 0,
         )
-        self.router = Router(settings.credits)
+        self.router = Router(settings.credits, settings.client_quota)
         self.inputs = Inputs(shared.inputs)
         manifest = model.manifest()
         self.allocator = SlabAllocator(shared.slab, manifest, self.router.owners.__getitem__)

@@ -122,6 +122,7 @@ def snapshot(name: str) -> dict[str, Any]:
             ):
                 stats = Ring(segment, offset, policy="spin").statistics()
                 rings[label] = asdict(stats) | {"waiting": stats.waiting}
+            active = entry.state is ClientState.ACTIVE
             clients.append(
                 {
                     "index": entry.index,
@@ -133,7 +134,7 @@ def snapshot(name: str) -> dict[str, Any]:
                     "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
                     "rings": rings,
                     "pushed_to_taken": control.client_histogram(entry.index).counts().tolist(),
-                    "session_figures": board(entry.index) if entry.state is ClientState.ACTIVE else [],
+                    "session_figures": board(entry.index) if active else [],
                 }
             )
         return {

@@ -21,16 +21,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rte.contract import Notice, NoticeKind
+from rte.credits import credit_refusal
 from rte.ipc.clients import Connection
-from rte.serve import Request
+from rte.serve import Attach, Request
 
 
 class Router:
     """Session ownership over the connections of one daemon."""
 
-    def __init__(self, default_credits: int) -> None:
+    def __init__(self, default_credits: int, quota: int = 1 << 62) -> None:
+        """``quota``: the slots each client may hold (its sessions' credits must fit)."""
         self.owners: dict[str, Connection] = {}
         self.default_credits = default_credits
+        self.quota = quota
 
     def owner(self, session: str) -> Connection | None:
         return self.owners.get(session)
@@ -40,6 +43,12 @@ class Router:
         owner = self.owners.get(request.session)
         if owner is not None and owner is not requester:
             return f"PermissionError: session {request.session!r} belongs to another client"
+        if isinstance(request, Attach) and owner is None:
+            held = int(requester.credits.sum())  # (a free handle holds 0)
+            fix = "start the daemon with a larger --quota (and --slab-slots)"
+            refusal = credit_refusal(held, request.credits or self.default_credits, self.quota, fix)
+            if refusal is not None:
+                return f"RequestError: {refusal}"
         return None
 
     def route(

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
 from rte.ipc.control import MAX_CLIENTS, MAX_SESSIONS, Layout
 from rte.ipc.names import DaemonNames
@@ -44,12 +45,6 @@ MIN_RING_KIB = 4
 DEFAULT_RING_KIB = 256
 MAX_SLOTS = 1 << 32  # a slab's slot count (shm_slab_check refuses more)
 PACE_HZ = (1e-3, 1e6)  # a period the tick word's nanoseconds can hold; at most a microsecond
-
-
-def chunks_to_drive(rows: int, credits: int) -> int:
-    """Chunks one client holds at most while it drives ``rows`` sessions at full
-    rate, each ``credits`` ahead: their credits, plus one per row in flight."""
-    return rows * (credits + 1)
 
 
 @dataclass(frozen=True)
