@@ -10,6 +10,8 @@ server is :mod:`rte.play` on aiohttp, an optional extra (``pip install
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from typing import Any
 
 from rte.errors import ConfigurationError
@@ -27,6 +29,14 @@ def add_parser(sub: Any) -> None:
         "move, a text box sets the prompt, a button resets. Needs rte[play] (aiohttp).",
     )
     p.add_argument("--name", help="attach to this running daemon instead of launching one")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --name: wait up to this long for that daemon to come up (default 0: "
+        "it must be running)",
+    )
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -72,6 +82,10 @@ def play(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--max-sessions {args.max_sessions}: at least 1")
     if args.pace_hz < 0:
         raise ConfigurationError(f"--pace-hz {args.pace_hz}: 0 (flat out) or more")
+    if not 0 <= args.wait < math.inf:
+        raise ConfigurationError(f"--wait {args.wait}: 0 (no waiting) or more seconds")
+    if args.name is not None and args.wait > 0:
+        print(f"rte play: waiting up to {args.wait:g} s for daemon {args.name!r}", file=sys.stderr)
 
     return run(
         PlaySettings(
@@ -83,5 +97,6 @@ def play(args: argparse.Namespace) -> int:
             max_fps=args.max_fps,
             prompt=args.prompt,
             device=args.device,
+            wait_s=args.wait,
         )
     )

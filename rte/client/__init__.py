@@ -37,7 +37,7 @@ from rte.models import load_model
 
 def connect(
     name: str | None = None,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     *,
     policy: str = "spin-then-block",
     spin_us: float = 50.0,
@@ -47,13 +47,17 @@ def connect(
     """A client of the daemon ``name``, or of an engine in this process.
 
     Args:
-        name: the daemon to attach to (``rte serve --name NAME``), waiting up to
-            ``timeout`` s for it to be up. None: an in-process engine over
-            ``model`` with ``max_sessions`` rows, served on a thread of its own.
+        name: the daemon to attach to (``rte serve --name NAME``; ``NAME-0``,
+            ``NAME-1``... as one pool when those run). None: an in-process engine
+            over ``model`` with ``max_sessions`` rows, on a thread of its own.
+        timeout: None (the default): the daemon must be running now; no daemon
+            of that name, or a dead one, is EngineGone at once, saying how to
+            start one. A number: wait up to that many seconds for it to come up
+            (a daemon you have just launched).
         policy, spin_us: how a shm client waits for chunks (see :class:`ShmClient`).
 
     Raises:
-        EngineGone: no live daemon of that name came up in time.
+        EngineGone: no live daemon of that name (in ``timeout``, when given).
         AdmissionError: the daemon serves its maximum of clients already.
     """
     if name is None:
@@ -75,16 +79,19 @@ def replicas_of(name: str) -> list[str]:
     return sorted(found, key=lambda d: int(d.rpartition("-")[2]))
 
 
-def connect_pool(names: list[str], timeout: float = 5.0, *, reattach: bool = False) -> PoolClient:
+def connect_pool(
+    names: list[str], timeout: float | None = None, *, reattach: bool = False
+) -> PoolClient:
     """One client over the daemons ``names`` (see :class:`PoolClient`): sessions go
     to the one with most free rows and stay there; a dead daemon loses only its
-    own sessions (``reattach=True``: attached again elsewhere)."""
+    own sessions (``reattach=True``: attached again elsewhere). ``timeout`` as for
+    :func:`connect`, for each daemon."""
     return PoolClient(names, timeout=timeout, reattach=reattach)
 
 
 def connect_async(
     name: str | None = None,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     *,
     model: str = "reference",
     max_sessions: int = 8,

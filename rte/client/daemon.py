@@ -1,8 +1,9 @@
 """The daemon a shm client talks to: finding it, and what its transport's
 errors mean to the caller.
 
-:func:`open_control` waits (bounded) for a live daemon's control segment,
-telling a dead daemon's leftovers from one still starting; :func:`meaning`
+:func:`open_control` finds a live daemon's control segment: at once (no
+daemon of that name, or a dead one's leftovers, is EngineGone saying how to
+start one) or, asked to, waiting (bounded) for one to come up; :func:`meaning`
 is the one place an ``shm`` exception becomes an :mod:`rte.errors` class.
 """
 
@@ -14,9 +15,11 @@ from rte.errors import EngineGone, RequestTimeout, RteError, WireError
 from rte.ipc.control import KIND_CONTROL
 from rte.ipc.names import DaemonNames
 from shm import (
+    ForeignSegmentError,
     RecordTooLarge,
     Segment,
     SegmentError,
+    SegmentNotFoundError,
     SegmentVersionError,
     ShmError,
     WouldBlock,
@@ -34,22 +37,55 @@ def meaning(exc: ShmError, doing: str) -> RteError:
     return EngineGone(f"{doing}: {exc}")
 
 
-def open_control(names: DaemonNames, deadline: float) -> Segment:
-    """The live daemon's control segment, waiting until ``deadline`` for one."""
+def open_control(names: DaemonNames, deadline: float, *, wait: bool = True) -> Segment:
+    """The live daemon's control segment.
+
+    ``wait``: until ``deadline`` for one to appear (a daemon being launched, or
+    one replacing a dead one's leftovers). Without it, no segment of that name,
+    or one whose creator is dead, is EngineGone at once; only a segment still
+    being written (a daemon starting this instant) is waited for, until ``deadline``.
+    """
     while True:
         try:
             segment = Segment.open(names.control, kind=KIND_CONTROL)
             if segment.creator_alive():
                 return segment
             segment.close()  # a dead daemon's leftovers: a new one may be replacing them
-            problem = f"daemon {names.daemon!r} is dead (its pid {segment.creator_pid} is gone)"
+            problem = (
+                f"daemon {names.daemon!r} is dead (its pid {segment.creator_pid} is gone); "
+                f"start it again with: rte serve --name {names.daemon} (it replaces what "
+                f"the dead one left), or remove that with: rte clean {names.daemon}"
+            )
+            final = not wait
         except SegmentVersionError as exc:  # waiting will not help
             raise EngineGone(str(exc)) from None
-        except SegmentError:  # absent, or still being made
-            problem = (
-                f"no daemon named {names.daemon!r} (start one with: rte serve --name "
-                f"{names.daemon})"
+        except SegmentNotFoundError:
+            problem = f"no daemon named {names.daemon!r}{running_ones()}; start one with: " + (
+                f"rte serve --name {names.daemon} (or pass a timeout to wait for one)"
             )
-        if time.monotonic() >= deadline:
+            final = not wait
+        except ForeignSegmentError as exc:  # or still being written by a daemon starting
+            problem, final = str(exc), False
+        except SegmentError as exc:  # another user's, say: waiting will not help
+            raise EngineGone(str(exc)) from None
+        if final or time.monotonic() >= deadline:
             raise EngineGone(problem)
         time.sleep(0.02)
+
+
+def running_ones() -> str:
+    """`` (running: a, b)``, the daemons of this user with a control segment, or
+    `` (none is running)``: for an error about a name that is not one of them."""
+    present = [n.daemon for n in DaemonNames.present() if _alive(n)]
+    return f" (running: {', '.join(present)})" if present else " (none is running)"
+
+
+def _alive(names: DaemonNames) -> bool:
+    try:
+        segment = Segment.open(names.control, kind=KIND_CONTROL, readonly=True)
+    except ShmError:
+        return False
+    try:
+        return segment.creator_alive()
+    finally:
+        segment.close()

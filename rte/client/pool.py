@@ -52,7 +52,9 @@ class PoolClient(EngineClient):
     """Clients of the daemons ``names``, as one; build it with
     :func:`rte.client.connect_pool` (or ``connect("NAME")`` for ``NAME-*``)."""
 
-    def __init__(self, names: list[str], *, timeout: float = 5.0, reattach: bool = False) -> None:
+    def __init__(
+        self, names: list[str], *, timeout: float | None = None, reattach: bool = False
+    ) -> None:
         if not names:
             raise ValueError("a pool needs at least one daemon")
         self._pending: list[ChunkBatch | Notice] = []  # notices of lost sessions, to hand out

@@ -69,6 +69,7 @@ from shm.fifo import FifoBell
 from shm.segment import HEADER_SIZE
 
 LIVENESS_EVERY_S = 0.1
+READY_TIMEOUT_S = 5.0  # connect without a timeout: what a starting daemon gets to be ready
 LEAVE_TIMEOUT_S = 1.0  # how long close() waits for the daemon to free our slot
 TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
 TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
@@ -90,7 +91,11 @@ class ShmClient(EngineClient):
 
     Args:
         name: the daemon's name.
-        timeout: how long to wait for the daemon to be up and for a client slot.
+        timeout: how long to wait for the daemon. None (the default): it must be
+            running now (no daemon of that name, or a dead one, is EngineGone at
+            once, saying how to start one); one still starting gets
+            ``READY_TIMEOUT_S`` to be ready and to free a client slot. A number:
+            wait up to that long for it to come up too (a daemon being launched).
         policy: how this client waits for chunks (``spin``, ``spin-then-block``, ``block``).
         spin_us: how long ``spin-then-block`` polls before it sleeps.
         wake: what the daemon rings when this client sleeps: ``semaphore`` (a
@@ -102,7 +107,7 @@ class ShmClient(EngineClient):
         self,
         name: str,
         *,
-        timeout: float = 5.0,
+        timeout: float | None = None,
         policy: str = "spin-then-block",
         spin_us: float = 50.0,
         wake: str = "semaphore",
@@ -113,8 +118,8 @@ class ShmClient(EngineClient):
         self._by_fd = wake == "fd"
         self.name = name
         self.index, self._generation = -1, 0  # the client slot, once claimed
-        deadline = time.monotonic() + timeout
-        self._segment = open_control(names, deadline)
+        deadline = time.monotonic() + (READY_TIMEOUT_S if timeout is None else timeout)
+        self._segment = open_control(names, deadline, wait=timeout is not None)
         self._opened: list[Segment | Doorbell | FifoBell] = [self._segment]
         try:
             self._daemon = (self._segment.creator_pid, self._segment.creator_start)

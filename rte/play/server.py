@@ -32,7 +32,6 @@ from rte.play.daemon import LaunchedDaemon
 from rte.play.gateway import Gateway
 
 HOST = "127.0.0.1"
-CONNECT_TIMEOUT_S = 10.0  # for a daemon named on the command line
 INTERRUPTED = 130
 
 
@@ -48,6 +47,7 @@ class PlaySettings:
     max_fps: float
     prompt: str
     device: str | None = None
+    wait_s: float = 0.0  # for the daemon --name to come up (0: it must be running)
 
 
 def page() -> bytes:
@@ -120,7 +120,7 @@ async def _connected(
         connecting = asyncio.ensure_future(daemon.connect())
     else:
         assert settings.name is not None
-        connecting = asyncio.ensure_future(connect_async(settings.name, CONNECT_TIMEOUT_S))
+        connecting = asyncio.ensure_future(connect_async(settings.name, settings.wait_s or None))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait([connecting, stopped], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
