@@ -21,6 +21,14 @@ paths compare them with module constants read once from ``lib``; only an error
 goes through :func:`~shm.errors.check_rc`, which raises its exception. Once
 its segment is closed in this process a ring refuses every call
 (:class:`~shm.errors.SegmentError`) instead of reaching unmapped memory.
+
+A ring's peer can write its header (its own head or tail, and any other word:
+it maps the ring writable). So the geometry (capacity, mask, largest record)
+is read once, when this process opens the ring, kept in a process-local
+``shm_ring_t`` and never read from shared memory again, and every record is
+checked to lie whole inside the ring before a byte is copied: a scribbling
+peer can garble the records of its own ring, never make this process touch a
+byte outside it (:class:`~shm.errors.RingCorrupt` instead).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shm.doorbell import Bell, Doorbell
-from shm.errors import RingEmpty, RingFull, SegmentError, check_rc
+from shm.errors import LayoutError, RingEmpty, RingFull, SegmentError, check_rc
 from shm.native import ffi, lib
 from shm.segment import Segment
 
@@ -111,14 +119,24 @@ class Ring:
         doorbell: Bell | None = None,
         policy: WaitPolicy | str = WaitPolicy.SPIN_THEN_BLOCK,
         spin_us: float = 50.0,
+        expected: int | None = None,
     ) -> None:
+        """``expected``: the capacity the caller's own layout gives the ring (the
+        header must say exactly that, else LayoutError)."""
         self.segment = segment
         self.offset = offset
-        self._raw = segment.ptr(offset)
+        # the ring as this process opened it: the C reads its geometry from here,
+        # never again from the header in shared memory (the peer can write that)
+        self._raw = ffi.new("shm_ring_t *")
         capacity = check_rc(
-            int(lib.shm_ring_check(self._raw, segment.size - offset)),
+            int(lib.shm_ring_open(self._raw, segment.ptr(offset), segment.size - offset)),
             f"opening the ring at offset {offset} of {segment.name}",
         )
+        if expected is not None and capacity != expected:
+            raise LayoutError(
+                f"the ring at offset {offset} of {segment.name} says it holds {capacity} "
+                f"bytes, not the {expected} its layout gives it: it was written over"
+            )
         self.capacity = capacity
         self.max_record = int(lib.shm_ring_max_payload(capacity))
         self.policy = WaitPolicy(policy)
@@ -150,7 +168,7 @@ class Ring:
             f"creating a ring of capacity {capacity} in {segment.name} "
             "(a ring's capacity must be a power of two >= 64)",
         )
-        return cls(segment, offset, **kwargs)
+        return cls(segment, offset, expected=capacity, **kwargs)
 
     # -- producer ---------------------------------------------------------
 

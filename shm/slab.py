@@ -60,9 +60,11 @@ class Slab:
     def __init__(self, segment: Segment, offset: int) -> None:
         self.segment = segment
         self.offset = offset
-        self._meta = segment.ptr(offset)
+        # the slab as this process opened it: its geometry, read once, is what the
+        # C uses from now on, never the header in shared memory (readers write there)
+        self._meta = ffi.new("shm_slab_t *")
         check_rc(
-            int(lib.shm_slab_check(self._meta, segment.size - offset)),
+            int(lib.shm_slab_open(self._meta, segment.ptr(offset), segment.size - offset)),
             f"opening the slab at offset {offset} of {segment.name}",
         )
         stats = self.statistics()

@@ -111,22 +111,25 @@ static inline uint64_t align8(uint64_t n) { return (n + 7u) & ~(uint64_t)7u; }
 uint64_t shm_ring_header_size(void) { return sizeof(ring_t); }
 uint64_t shm_ring_max_payload(uint64_t capacity) { return capacity / 2 - RECORD_HEADER; }
 
-int shm_ring_init(void *ring, uint64_t capacity) {
-    ring_t *r = (ring_t *)ring;
+int shm_ring_init(void *header, uint64_t capacity) {
+    ring_t *r = (ring_t *)header;
     if (capacity < 64 || (capacity & (capacity - 1)) != 0) return SHM_BAD_ARGUMENT;
     memset(r, 0, sizeof(ring_t));
     r->capacity = capacity;
     r->mask = capacity - 1;
     r->max_payload = shm_ring_max_payload(capacity);
     /* release: the fields above are visible before anyone sees the magic;
-       pairs with the acquire in shm_ring_check */
+       pairs with the acquire in shm_ring_open */
     __atomic_store_n(&r->magic, RING_MAGIC, __ATOMIC_RELEASE);
     return SHM_OK;
 }
 
-/* The ring's capacity, or SHM_LAYOUT_MISSING / _DAMAGED / _TOO_BIG. */
-int64_t shm_ring_check(void *ring, uint64_t region_size) {
-    ring_t *r = (ring_t *)ring;
+/* Checks the ring at `header` (in a region of region_size bytes) and fills
+   *ring with its geometry, which every later call uses instead of the header's
+   (a peer may scribble on that). Returns the capacity, or SHM_LAYOUT_MISSING /
+   _DAMAGED / _TOO_BIG (then *ring is untouched). */
+int64_t shm_ring_open(shm_ring_t *ring, void *header, uint64_t region_size) {
+    ring_t *r = (ring_t *)header;
     if (region_size < sizeof(ring_t)) return SHM_LAYOUT_MISSING;
     /* acquire of the magic, pairs with the release in init: the fields below
        are the ones init wrote */
@@ -135,16 +138,20 @@ int64_t shm_ring_check(void *ring, uint64_t region_size) {
     if (cap < 64 || (cap & (cap - 1)) != 0 || r->mask != cap - 1) return SHM_LAYOUT_DAMAGED;
     if (r->max_payload != shm_ring_max_payload(cap)) return SHM_LAYOUT_DAMAGED;
     if (sizeof(ring_t) + cap > region_size) return SHM_LAYOUT_TOO_BIG;
+    ring->header = header;
+    ring->capacity = cap;
+    ring->mask = cap - 1;
+    ring->max_payload = shm_ring_max_payload(cap);
     return (int64_t)cap;
 }
 
 /* Returns SHM_OK when pushed, SHM_WAKE when pushed and the consumer sleeps
    (ring its doorbell), SHM_RING_FULL, or SHM_RING_TOO_LARGE when the record is
    larger than max_payload. */
-int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
-    ring_t *r = (ring_t *)ring;
-    const uint64_t cap = r->capacity;
-    if (len > r->max_payload) {
+int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int count_full) {
+    ring_t *r = (ring_t *)ring->header;
+    const uint64_t cap = ring->capacity, mask = ring->mask;
+    if (len > ring->max_payload) {
         bump(&r->oversized, 1);
         return SHM_RING_TOO_LARGE;
     }
@@ -153,7 +160,8 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
     /* acquire of tail, pairs with the release in pop: the consumer is done
        reading the bytes we are about to overwrite */
     const uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
-    const uint64_t pos = head & r->mask;
+    if (head & 7) return SHM_RING_CORRUPT; /* not ours: push keeps it 8-aligned */
+    const uint64_t pos = head & mask;
     const uint64_t contiguous = cap - pos;
     const uint64_t total = contiguous < need ? contiguous + need : need;
     if (cap - (head - tail) < total) {
@@ -165,7 +173,7 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
         *(uint64_t *)(ring_data(r) + pos) = WRAP_MARK;
         at += contiguous;
     }
-    uint8_t *slot = ring_data(r) + (at & r->mask);
+    uint8_t *slot = ring_data(r) + (at & mask);
     *(uint64_t *)slot = len;
     memcpy(slot + RECORD_HEADER, data, len);
     const uint64_t new_head = at + need;
@@ -185,8 +193,8 @@ int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full) {
    the flag; the consumer stores the flag, fences, then re-checks. At least one
    of us sees the other, so a wake-up is never lost. Clearing the flag makes one
    sleep get one post. Returns SHM_WAKE (ring it) or SHM_OK. */
-int shm_ring_wake(void *ring) {
-    ring_t *r = (ring_t *)ring;
+int shm_ring_wake(const shm_ring_t *ring) {
+    ring_t *r = (ring_t *)ring->header;
     __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with the fence in prepare_sleep */
     if (__atomic_load_n(&r->sleeping, __ATOMIC_RELAXED) &&
         __atomic_exchange_n(&r->sleeping, 0, __ATOMIC_ACQ_REL)) {
@@ -198,18 +206,24 @@ int shm_ring_wake(void *ring) {
 
 /* The record at `tail`, skipping a wrap marker. Returns its payload length and
    sets *at to the record's position, or SHM_RING_EMPTY, or SHM_RING_CORRUPT
-   when the bytes are not a valid record (something other than push wrote them). */
-static int64_t ring_next(ring_t *r, uint64_t tail, uint64_t head, uint64_t *at) {
+   when the bytes are not a valid record (something other than push wrote them:
+   head, tail and lengths come from shared memory, so a record must also lie
+   whole inside the ring's bytes before anything is copied out of it). */
+static int64_t ring_next(const shm_ring_t *ring, uint64_t tail, uint64_t head, uint64_t *at) {
     if (tail == head) return SHM_RING_EMPTY;
-    uint64_t pos = tail & r->mask;
-    uint64_t len = *(const uint64_t *)(ring_data(r) + pos);
+    if (tail & 7) return SHM_RING_CORRUPT; /* records are 8-aligned */
+    const uint8_t *data = ring_data((ring_t *)ring->header);
+    uint64_t pos = tail & ring->mask;
+    uint64_t len = *(const uint64_t *)(data + pos);
     if (len == WRAP_MARK) {
-        tail += r->capacity - pos;
+        tail += ring->capacity - pos;
         if (tail >= head) return SHM_RING_CORRUPT;
         pos = 0;
-        len = *(const uint64_t *)ring_data(r);
+        len = *(const uint64_t *)data;
     }
-    if (len > r->max_payload || tail + RECORD_HEADER + align8(len) > head) return SHM_RING_CORRUPT;
+    if (len > ring->max_payload || pos + RECORD_HEADER + align8(len) > ring->capacity ||
+        tail + RECORD_HEADER + align8(len) > head)
+        return SHM_RING_CORRUPT;
     *at = tail;
     return (int64_t)len;
 }
@@ -221,16 +235,16 @@ static int64_t ring_fail(ring_t *r, int64_t code) {
 
 /* Returns the payload length, SHM_RING_EMPTY, SHM_RING_SHORT_BUFFER when out_cap
    is too small (the record stays), or SHM_RING_CORRUPT (nothing is consumed). */
-int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
-    ring_t *r = (ring_t *)ring;
+int64_t shm_ring_pop(const shm_ring_t *ring, void *out, uint64_t out_cap) {
+    ring_t *r = (ring_t *)ring->header;
     const uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED); /* ours alone */
     /* acquire of head, pairs with the release in push: the record is whole */
     const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     uint64_t at;
-    int64_t len = ring_next(r, tail, head, &at);
+    int64_t len = ring_next(ring, tail, head, &at);
     if (len < 0) return ring_fail(r, len);
     if ((uint64_t)len > out_cap) return SHM_RING_SHORT_BUFFER;
-    memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+    memcpy(out, ring_data(r) + (at & ring->mask) + RECORD_HEADER, (size_t)len);
     /* release of tail, pairs with the acquire in push: our reads of the
        record are done before the producer may overwrite it */
     __atomic_store_n(&r->tail, at + RECORD_HEADER + align8((uint64_t)len), __ATOMIC_RELEASE);
@@ -243,16 +257,16 @@ int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap) {
    `lens`; publishes the tail once. Returns the count (0 when empty), or
    SHM_RING_SHORT_BUFFER / SHM_RING_CORRUPT as pop when not even the first
    record could be taken. */
-int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *lens,
+int64_t shm_ring_pop_batch(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t *lens,
                            uint64_t max_n) {
-    ring_t *r = (ring_t *)ring;
+    ring_t *r = (ring_t *)ring->header;
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED); /* ours alone */
     /* acquire of head, pairs with the release in push: the records are whole */
     const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     uint64_t n = 0, used = 0, bytes = 0;
     while (n < max_n) {
         uint64_t at;
-        int64_t len = ring_next(r, tail, head, &at);
+        int64_t len = ring_next(ring, tail, head, &at);
         if (len == SHM_RING_EMPTY) break;
         if (len < 0) {
             if (n == 0) return ring_fail(r, len);
@@ -262,7 +276,7 @@ int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *le
             if (n == 0) return SHM_RING_SHORT_BUFFER;
             break;
         }
-        memcpy((uint8_t *)out + used, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+        memcpy((uint8_t *)out + used, ring_data(r) + (at & ring->mask) + RECORD_HEADER, (size_t)len);
         lens[n++] = (uint64_t)len;
         used += (uint64_t)len;
         bytes += (uint64_t)len;
@@ -280,27 +294,27 @@ int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *le
 /* Copies the record `skip` records past the tail without consuming anything
    (for inspectors; racy against a live consumer by nature, never unsafe:
    everything read is bounds-checked). Same returns as pop. */
-int64_t shm_ring_peek(void *ring, uint64_t skip, void *out, uint64_t out_cap) {
-    ring_t *r = (ring_t *)ring;
+int64_t shm_ring_peek(const shm_ring_t *ring, uint64_t skip, void *out, uint64_t out_cap) {
+    ring_t *r = (ring_t *)ring->header;
     /* acquires of tail (pairs with pop's release) and head (pairs with push's):
        a snapshot no newer than what each side has published */
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     const uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     for (uint64_t i = 0;; i++) {
         uint64_t at;
-        int64_t len = ring_next(r, tail, head, &at);
+        int64_t len = ring_next(ring, tail, head, &at);
         if (len < 0) return len;
         if (i == skip) {
             if ((uint64_t)len > out_cap) return SHM_RING_SHORT_BUFFER;
-            memcpy(out, ring_data(r) + (at & r->mask) + RECORD_HEADER, (size_t)len);
+            memcpy(out, ring_data(r) + (at & ring->mask) + RECORD_HEADER, (size_t)len);
             return len;
         }
         tail = at + RECORD_HEADER + align8((uint64_t)len);
     }
 }
 
-uint64_t shm_ring_used(void *ring) {
-    ring_t *r = (ring_t *)ring;
+uint64_t shm_ring_used(const shm_ring_t *ring) {
+    ring_t *r = (ring_t *)ring->header;
     /* acquire of head pairs with push; tail is the caller's own or a snapshot */
     uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
@@ -308,7 +322,7 @@ uint64_t shm_ring_used(void *ring) {
 }
 
 /* pop, polling for up to spin_ns while the ring is empty. Same returns. */
-int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin_ns) {
+int64_t shm_ring_pop_spin(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t spin_ns) {
     int64_t n = shm_ring_pop(ring, out, out_cap);
     if (n != SHM_RING_EMPTY || spin_ns == 0) return n;
     if (shm_ring_wait_used(ring, spin_ns) == 0) return SHM_RING_EMPTY;
@@ -316,7 +330,7 @@ int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin
 }
 
 /* Polls for up to spin_ns until the ring holds something; returns the bytes used. */
-uint64_t shm_ring_wait_used(void *ring, uint64_t spin_ns) {
+uint64_t shm_ring_wait_used(const shm_ring_t *ring, uint64_t spin_ns) {
     const uint64_t deadline = now_ns() + spin_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
@@ -331,8 +345,8 @@ uint64_t shm_ring_wait_used(void *ring, uint64_t spin_ns) {
 /* The consumer announces that it will sleep. Returns 1 when records arrived
    meanwhile (do not sleep; the flag is cleared), else 0 (sleep, and call
    end_sleep on waking). */
-int shm_ring_prepare_sleep(void *ring) {
-    ring_t *r = (ring_t *)ring;
+int shm_ring_prepare_sleep(const shm_ring_t *ring) {
+    ring_t *r = (ring_t *)ring->header;
     __atomic_store_n(&r->sleeping, 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with the fence in push */
     if (__atomic_load_n(&r->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&r->tail, __ATOMIC_RELAXED)) {
@@ -342,14 +356,14 @@ int shm_ring_prepare_sleep(void *ring) {
     return 0;
 }
 
-void shm_ring_end_sleep(void *ring) {
-    __atomic_store_n(&((ring_t *)ring)->sleeping, 0, __ATOMIC_RELEASE);
+void shm_ring_end_sleep(const shm_ring_t *ring) {
+    __atomic_store_n(&((ring_t *)ring->header)->sleeping, 0, __ATOMIC_RELEASE);
 }
 
 /* Empties the ring for a new producer/consumer pair. Only when neither side is
    running (the peer is dead or gone); counters are kept. */
-void shm_ring_reset(void *ring) {
-    ring_t *r = (ring_t *)ring;
+void shm_ring_reset(const shm_ring_t *ring) {
+    ring_t *r = (ring_t *)ring->header;
     uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
     __atomic_store_n(&r->tail, head, __ATOMIC_RELEASE);
     __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELEASE);
@@ -358,9 +372,9 @@ void shm_ring_reset(void *ring) {
 /* A snapshot of the counters. Relaxed loads: each is untorn, and an inspector
    needs no ordering between them (a live ring moves while it reads). */
 #define LOAD(from, field) out->field = __atomic_load_n(&(from)->field, __ATOMIC_RELAXED)
-void shm_ring_stats(void *ring, shm_ring_stats_t *out) {
-    const ring_t *r = (const ring_t *)ring;
-    LOAD(r, capacity);
+void shm_ring_stats(const shm_ring_t *ring, shm_ring_stats_t *out) {
+    const ring_t *r = (const ring_t *)ring->header;
+    out->capacity = ring->capacity;
     LOAD(r, head);
     LOAD(r, tail);
     LOAD(r, pushed);
@@ -397,62 +411,78 @@ typedef struct {
 
 _Static_assert(sizeof(slab_t) == 256, "slab header is two 128-byte lines");
 
-static inline uint64_t *slab_held(slab_t *s) { return (uint64_t *)(s + 1); }
 static inline uint64_t owners_words(uint64_t max_owners) { return (max_owners + 15) & ~(uint64_t)15; }
-static inline slot_t *slab_slots(slab_t *s) {
-    return (slot_t *)(slab_held(s) + owners_words(s->max_owners));
+static inline slab_t *slab_header(const shm_slab_t *slab) { return (slab_t *)slab->header; }
+static inline uint64_t *slab_held(const shm_slab_t *slab) {
+    return (uint64_t *)(slab_header(slab) + 1);
+}
+/* where the slot words begin: from the owner count this process opened with */
+static inline slot_t *slab_slots(const shm_slab_t *slab) {
+    return (slot_t *)(slab_held(slab) + owners_words(slab->max_owners));
 }
 
 uint64_t shm_slab_meta_size(uint64_t slots, uint64_t max_owners) {
     return sizeof(slab_t) + 8 * owners_words(max_owners) + sizeof(slot_t) * slots;
 }
 
-int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot_size,
+int shm_slab_init(void *header, uint64_t slots, uint64_t max_owners, uint64_t slot_size,
                   uint64_t quota) {
-    slab_t *s = (slab_t *)meta;
+    slab_t *s = (slab_t *)header;
     if (slots == 0 || max_owners == 0 || slot_size == 0) return SHM_BAD_ARGUMENT;
     memset(s, 0, shm_slab_meta_size(slots, max_owners));
     s->slots = slots;
     s->max_owners = max_owners;
     s->slot_size = slot_size;
     s->quota = quota ? quota : slots;
-    /* release: layout visible before the magic; pairs with shm_slab_check */
+    /* release: layout visible before the magic; pairs with shm_slab_open */
     __atomic_store_n(&s->magic, SLAB_MAGIC, __ATOMIC_RELEASE);
     return SHM_OK;
 }
 
-/* The slab's slot count, or SHM_LAYOUT_MISSING / _DAMAGED / _TOO_BIG. */
-int64_t shm_slab_check(void *meta, uint64_t region_size) {
-    slab_t *s = (slab_t *)meta;
+/* Checks the slab header at `header` (in a region of region_size bytes) and
+   fills *slab with its geometry, read once: every later call uses that, never
+   the header again (a peer that maps the header writable may scribble on it).
+   Returns the slot count, or SHM_LAYOUT_MISSING / _DAMAGED / _TOO_BIG. */
+int64_t shm_slab_open(shm_slab_t *slab, void *header, uint64_t region_size) {
+    slab_t *s = (slab_t *)header;
     if (region_size < sizeof(slab_t)) return SHM_LAYOUT_MISSING;
     /* acquire of the magic, pairs with the release in init */
     if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SLAB_MAGIC) return SHM_LAYOUT_MISSING;
-    if (s->slots == 0 || s->max_owners == 0 || s->slot_size == 0 || s->slots > (1ULL << 32) ||
-        s->max_owners > (1ULL << 20))
+    const uint64_t slots = s->slots, max_owners = s->max_owners, slot_size = s->slot_size,
+                   quota = s->quota;
+    if (slots == 0 || max_owners == 0 || slot_size == 0 || slots > (1ULL << 32) ||
+        max_owners > (1ULL << 20) || quota == 0)
         return SHM_LAYOUT_DAMAGED;
-    if (shm_slab_meta_size(s->slots, s->max_owners) > region_size) return SHM_LAYOUT_TOO_BIG;
-    return (int64_t)s->slots;
+    if (shm_slab_meta_size(slots, max_owners) > region_size) return SHM_LAYOUT_TOO_BIG;
+    slab->header = header;
+    slab->slots = slots;
+    slab->max_owners = max_owners;
+    slab->slot_size = slot_size;
+    slab->quota = quota;
+    return (int64_t)slots;
 }
 
-static void slab_unhold(slab_t *s, uint64_t owner) {
-    __atomic_fetch_sub(&slab_held(s)[owner], 1, __ATOMIC_ACQ_REL);
+static void slab_unhold(const shm_slab_t *slab, uint64_t owner) {
+    slab_t *s = slab_header(slab);
+    __atomic_fetch_sub(&slab_held(slab)[owner], 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_sub(&s->held, 1, __ATOMIC_RELAXED);
 }
 
 /* Takes a free slot for `owner` (FREE -> WRITING). Returns its index and sets
    *generation, or SHM_SLAB_FULL when no slot is free, SHM_SLAB_QUOTA when the
    owner holds its quota, SHM_SLAB_RANGE for an owner out of range. */
-int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *generation) {
-    slab_t *s = (slab_t *)meta;
-    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
-    uint64_t *held = &slab_held(s)[owner];
-    if (__atomic_fetch_add(held, 1, __ATOMIC_ACQ_REL) >= s->quota) {
+int64_t shm_slab_acquire(const shm_slab_t *slab, uint64_t owner, uint64_t now_ns,
+                         uint64_t *generation) {
+    slab_t *s = slab_header(slab);
+    if (owner >= slab->max_owners) return SHM_SLAB_RANGE;
+    uint64_t *held = &slab_held(slab)[owner];
+    if (__atomic_fetch_add(held, 1, __ATOMIC_ACQ_REL) >= slab->quota) {
         __atomic_fetch_sub(held, 1, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&s->quota_refused, 1, __ATOMIC_RELAXED);
         return SHM_SLAB_QUOTA;
     }
-    slot_t *slots = slab_slots(s);
-    const uint64_t n = s->slots;
+    slot_t *slots = slab_slots(slab);
+    const uint64_t n = slab->slots;
     const uint64_t start = __atomic_load_n(&s->hint, __ATOMIC_RELAXED) % n;
     for (uint64_t k = 0; k < n; k++) {
         const uint64_t i = (start + k) % n;
@@ -477,12 +507,14 @@ int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *
     return SHM_SLAB_FULL;
 }
 
-static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t from, uint64_t to) {
-    if (slot >= s->slots) return SHM_SLAB_RANGE;
+static int slab_move(const shm_slab_t *slab, uint64_t slot, uint64_t generation, uint64_t from,
+                     uint64_t to) {
+    slab_t *s = slab_header(slab);
+    if (slot >= slab->slots) return SHM_SLAB_RANGE;
     uint64_t expected = (generation << 2) | from;
     /* the release half publishes the slot's bytes (WRITING -> READY) or hands
        the slot back (-> FREE); pairs with the acquire in acquire/slot */
-    if (__atomic_compare_exchange_n(&slab_slots(s)[slot].word, &expected, to, 0, __ATOMIC_ACQ_REL,
+    if (__atomic_compare_exchange_n(&slab_slots(slab)[slot].word, &expected, to, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE))
         return SHM_OK;
     __atomic_fetch_add(&s->stale_refused, 1, __ATOMIC_RELAXED);
@@ -490,34 +522,33 @@ static int slab_move(slab_t *s, uint64_t slot, uint64_t generation, uint64_t fro
 }
 
 /* WRITING -> READY at the same generation. SHM_OK, SHM_SLAB_STALE or _RANGE. */
-int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation) {
-    return slab_move((slab_t *)meta, slot, generation, SHM_SLOT_WRITING, (generation << 2) | SHM_SLOT_READY);
+int shm_slab_publish(const shm_slab_t *slab, uint64_t slot, uint64_t generation) {
+    return slab_move(slab, slot, generation, SHM_SLOT_WRITING, (generation << 2) | SHM_SLOT_READY);
 }
 
 /* 1 when the slot is published at `generation` (acquire: its bytes are
    visible; pairs with the release in publish). */
-int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation) {
-    slab_t *s = (slab_t *)meta;
-    if (slot >= s->slots) return 0;
-    return __atomic_load_n(&slab_slots(s)[slot].word, __ATOMIC_ACQUIRE) ==
+int shm_slab_is_ready(const shm_slab_t *slab, uint64_t slot, uint64_t generation) {
+    if (slot >= slab->slots) return 0;
+    return __atomic_load_n(&slab_slots(slab)[slot].word, __ATOMIC_ACQUIRE) ==
            ((generation << 2) | SHM_SLOT_READY);
 }
 
 /* READY -> FREE with the next generation. SHM_OK, SHM_SLAB_STALE,
    SHM_SLAB_FOREIGN for another owner's slot, or SHM_SLAB_RANGE. */
-int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner) {
-    slab_t *s = (slab_t *)meta;
-    if (slot >= s->slots || owner >= s->max_owners) return SHM_SLAB_RANGE;
+int shm_slab_release(const shm_slab_t *slab, uint64_t slot, uint64_t generation, uint64_t owner) {
+    slab_t *s = slab_header(slab);
+    if (slot >= slab->slots || owner >= slab->max_owners) return SHM_SLAB_RANGE;
     /* this generation's owner was stored before publish's release, which the
        reader's acquire in is_ready saw; had the slot been reused since, the
        generation in slab_move's CAS refuses the release */
-    if (__atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE) != owner) {
+    if (__atomic_load_n(&slab_slots(slab)[slot].owner, __ATOMIC_ACQUIRE) != owner) {
         __atomic_fetch_add(&s->foreign_refused, 1, __ATOMIC_RELAXED);
         return SHM_SLAB_FOREIGN;
     }
-    int rc = slab_move(s, slot, generation, SHM_SLOT_READY, ((generation + 1) << 2) | SHM_SLOT_FREE);
+    int rc = slab_move(slab, slot, generation, SHM_SLOT_READY, ((generation + 1) << 2) | SHM_SLOT_FREE);
     if (rc == SHM_OK) {
-        slab_unhold(s, owner);
+        slab_unhold(slab, owner);
         __atomic_fetch_add(&s->released, 1, __ATOMIC_RELAXED);
     }
     return rc;
@@ -525,13 +556,14 @@ int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t ow
 
 /* WRITING -> FREE: the writer gives up a slot it never published. SHM_OK,
    SHM_SLAB_STALE or SHM_SLAB_RANGE. */
-int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation) {
-    slab_t *s = (slab_t *)meta;
-    if (slot >= s->slots) return SHM_SLAB_RANGE;
-    uint64_t owner = __atomic_load_n(&slab_slots(s)[slot].owner, __ATOMIC_ACQUIRE);
-    int rc = slab_move(s, slot, generation, SHM_SLOT_WRITING, ((generation + 1) << 2) | SHM_SLOT_FREE);
+int shm_slab_abort(const shm_slab_t *slab, uint64_t slot, uint64_t generation) {
+    slab_t *s = slab_header(slab);
+    if (slot >= slab->slots) return SHM_SLAB_RANGE;
+    uint64_t owner = __atomic_load_n(&slab_slots(slab)[slot].owner, __ATOMIC_ACQUIRE);
+    int rc = slab_move(slab, slot, generation, SHM_SLOT_WRITING, ((generation + 1) << 2) | SHM_SLOT_FREE);
     if (rc == SHM_OK) {
-        slab_unhold(s, owner);
+        /* the owner word is shared: a scribbled one is refused, never indexed past */
+        if (owner < slab->max_owners) slab_unhold(slab, owner);
         __atomic_fetch_add(&s->aborted, 1, __ATOMIC_RELAXED);
     }
     return rc;
@@ -544,8 +576,9 @@ int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation) {
  * them in one call each: the boundary costs per step, not per chunk. */
 
 /* Takes slot i for `owner` if it is free: 1 when taken (sets *generation). */
-static int slab_take(slab_t *s, uint64_t i, uint64_t owner, uint64_t now_ns, uint64_t *generation) {
-    slot_t *t = &slab_slots(s)[i];
+static int slab_take(const shm_slab_t *slab, uint64_t i, uint64_t owner, uint64_t now_ns,
+                     uint64_t *generation) {
+    slot_t *t = &slab_slots(slab)[i];
     uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
     if ((word & 3) != SHM_SLOT_FREE) return 0;
     /* acq_rel CAS as in acquire: pairs with the release/CAS that freed it */
@@ -560,15 +593,16 @@ static int slab_take(slab_t *s, uint64_t i, uint64_t owner, uint64_t now_ns, uin
 
 /* Gives back slots taken by slab_take that were never handed out (same
    generation: nobody saw them WRITING for this owner). */
-static void slab_untake(slab_t *s, const uint64_t *slots, const uint64_t *generations, uint64_t n) {
+static void slab_untake(const shm_slab_t *slab, const uint64_t *slots, const uint64_t *generations,
+                        uint64_t n) {
     for (uint64_t k = 0; k < n; k++)
-        __atomic_store_n(&slab_slots(s)[slots[k]].word, (generations[k] << 2) | SHM_SLOT_FREE,
+        __atomic_store_n(&slab_slots(slab)[slots[k]].word, (generations[k] << 2) | SHM_SLOT_FREE,
                          __ATOMIC_RELEASE);
 }
 
 /* Whether slots i .. i+n-1 all look free (a hint: slab_take decides). */
-static int slab_run_free(slab_t *s, uint64_t i, uint64_t n) {
-    slot_t *slots = slab_slots(s);
+static int slab_run_free(const shm_slab_t *slab, uint64_t i, uint64_t n) {
+    slot_t *slots = slab_slots(slab);
     for (uint64_t k = 0; k < n; k++)
         if ((__atomic_load_n(&slots[i + k].word, __ATOMIC_RELAXED) & 3) != SHM_SLOT_FREE) return 0;
     return 1;
@@ -581,18 +615,18 @@ static int slab_run_free(slab_t *s, uint64_t i, uint64_t n) {
    SHM_SLAB_QUOTA when the owner would hold more than its quota, SHM_SLAB_FULL
    when fewer than n are free, SHM_SLAB_RANGE for an owner out of range, and
    SHM_BAD_ARGUMENT for n == 0. */
-int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t now_ns,
+int64_t shm_slab_acquire_batch(const shm_slab_t *slab, uint64_t owner, uint64_t n, uint64_t now_ns,
                                uint64_t *slots, uint64_t *generations) {
-    slab_t *s = (slab_t *)meta;
-    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
-    if (n == 0 || n > s->slots) return n == 0 ? SHM_BAD_ARGUMENT : SHM_SLAB_FULL;
-    uint64_t *held = &slab_held(s)[owner];
-    if (__atomic_fetch_add(held, n, __ATOMIC_ACQ_REL) + n > s->quota) {
+    slab_t *s = slab_header(slab);
+    if (owner >= slab->max_owners) return SHM_SLAB_RANGE;
+    if (n == 0 || n > slab->slots) return n == 0 ? SHM_BAD_ARGUMENT : SHM_SLAB_FULL;
+    uint64_t *held = &slab_held(slab)[owner];
+    if (__atomic_fetch_add(held, n, __ATOMIC_ACQ_REL) + n > slab->quota) {
         __atomic_fetch_sub(held, n, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&s->quota_refused, 1, __ATOMIC_RELAXED);
         return SHM_SLAB_QUOTA;
     }
-    const uint64_t total = s->slots;
+    const uint64_t total = slab->slots;
     const uint64_t hint = __atomic_load_n(&s->hint, __ATOMIC_RELAXED) % total;
     uint64_t got = 0;
     int64_t run = 0;
@@ -601,25 +635,25 @@ int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t 
         uint64_t from = pass ? 0 : hint, to = pass ? (hint < total - n + 1 ? hint : total - n + 1)
                                                    : total - n + 1;
         for (uint64_t i = from; i < to && !run; i++) {
-            if (!slab_run_free(s, i, n)) continue;
+            if (!slab_run_free(slab, i, n)) continue;
             for (got = 0; got < n; got++) {
                 slots[got] = i + got;
-                if (!slab_take(s, i + got, owner, now_ns, &generations[got])) break;
+                if (!slab_take(slab, i + got, owner, now_ns, &generations[got])) break;
             }
             if (got == n) {
                 run = 1;
                 break;
             }
-            slab_untake(s, slots, generations, got); /* raced: give back, look on */
+            slab_untake(slab, slots, generations, got); /* raced: give back, look on */
             got = 0;
         }
     }
     /* no run: any free slots */
     for (uint64_t i = 0; !run && i < total && got < n; i++) {
-        if (slab_take(s, i, owner, now_ns, &generations[got])) slots[got++] = i;
+        if (slab_take(slab, i, owner, now_ns, &generations[got])) slots[got++] = i;
     }
     if (got < n) {
-        slab_untake(s, slots, generations, got);
+        slab_untake(slab, slots, generations, got);
         __atomic_fetch_sub(held, n, __ATOMIC_ACQ_REL);
         __atomic_fetch_add(&s->full_events, 1, __ATOMIC_RELAXED);
         return SHM_SLAB_FULL;
@@ -634,40 +668,41 @@ int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t 
 
 /* Applies `move` (publish or abort) to each slot. Returns SHM_OK, or the first
    refusal's code; every other slot is still moved. */
-static int64_t slab_each(void *meta, const uint64_t *slots, const uint64_t *generations, uint64_t n,
-                         int (*move)(void *, uint64_t, uint64_t)) {
+static int64_t slab_each(const shm_slab_t *slab, const uint64_t *slots, const uint64_t *generations,
+                         uint64_t n, int (*move)(const shm_slab_t *, uint64_t, uint64_t)) {
     int64_t first = SHM_OK;
     for (uint64_t k = 0; k < n; k++) {
-        int rc = move(meta, slots[k], generations[k]);
+        int rc = move(slab, slots[k], generations[k]);
         if (rc && first == SHM_OK) first = rc;
     }
     return first;
 }
 
 /* Publishes each slot (WRITING -> READY): SHM_OK or the first refusal's code. */
-int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                               uint64_t n) {
-    return slab_each(meta, slots, generations, n, shm_slab_publish);
+int64_t shm_slab_publish_batch(const shm_slab_t *slab, const uint64_t *slots,
+                               const uint64_t *generations, uint64_t n) {
+    return slab_each(slab, slots, generations, n, shm_slab_publish);
 }
 
 /* How many of the slots, from the first, are published at their generation
    (n when all are; acquire: their bytes are visible). */
-int64_t shm_slab_ready_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                             uint64_t n) {
+int64_t shm_slab_ready_batch(const shm_slab_t *slab, const uint64_t *slots,
+                             const uint64_t *generations, uint64_t n) {
     for (uint64_t k = 0; k < n; k++)
-        if (!shm_slab_is_ready(meta, slots[k], generations[k])) return (int64_t)k;
+        if (!shm_slab_is_ready(slab, slots[k], generations[k])) return (int64_t)k;
     return (int64_t)n;
 }
 
 /* Releases each slot (READY -> FREE) for `owner`; sets *released to how many
    were. Returns SHM_OK, or the first refusal's code (stale, foreign, range);
    every other slot is still released. */
-int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                               uint64_t n, uint64_t owner, uint64_t *released) {
+int64_t shm_slab_release_batch(const shm_slab_t *slab, const uint64_t *slots,
+                               const uint64_t *generations, uint64_t n, uint64_t owner,
+                               uint64_t *released) {
     int64_t first = SHM_OK;
     uint64_t done = 0;
     for (uint64_t k = 0; k < n; k++) {
-        int rc = shm_slab_release(meta, slots[k], generations[k], owner);
+        int rc = shm_slab_release(slab, slots[k], generations[k], owner);
         if (rc == SHM_OK)
             done++;
         else if (first == SHM_OK)
@@ -678,26 +713,26 @@ int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t
 }
 
 /* Aborts each slot (WRITING -> FREE): SHM_OK or the first refusal's code. */
-int64_t shm_slab_abort_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                             uint64_t n) {
-    return slab_each(meta, slots, generations, n, shm_slab_abort);
+int64_t shm_slab_abort_batch(const shm_slab_t *slab, const uint64_t *slots,
+                             const uint64_t *generations, uint64_t n) {
+    return slab_each(slab, slots, generations, n, shm_slab_abort);
 }
 
 /* Frees every slot `owner` holds (a dead client's). Returns how many, or
    SHM_SLAB_RANGE. */
-int64_t shm_slab_reclaim(void *meta, uint64_t owner) {
-    slab_t *s = (slab_t *)meta;
-    if (owner >= s->max_owners) return SHM_SLAB_RANGE;
-    slot_t *slots = slab_slots(s);
+int64_t shm_slab_reclaim(const shm_slab_t *slab, uint64_t owner) {
+    slab_t *s = slab_header(slab);
+    if (owner >= slab->max_owners) return SHM_SLAB_RANGE;
+    slot_t *slots = slab_slots(slab);
     int64_t n = 0;
-    for (uint64_t i = 0; i < s->slots; i++) {
+    for (uint64_t i = 0; i < slab->slots; i++) {
         uint64_t word = __atomic_load_n(&slots[i].word, __ATOMIC_ACQUIRE);
         while ((word & 3) != SHM_SLOT_FREE &&
                __atomic_load_n(&slots[i].owner, __ATOMIC_ACQUIRE) == owner) {
             uint64_t next = (((word >> 2) + 1) << 2) | SHM_SLOT_FREE;
             if (__atomic_compare_exchange_n(&slots[i].word, &word, next, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                slab_unhold(s, owner);
+                slab_unhold(slab, owner);
                 n++;
                 break;
             }
@@ -709,9 +744,8 @@ int64_t shm_slab_reclaim(void *meta, uint64_t owner) {
 
 /* One slot's state, generation, owner and since_ns (slot 0's for an index out
    of range: callers check the index first). */
-void shm_slab_slot(void *meta, uint64_t slot, shm_slot_info_t *out) {
-    slab_t *s = (slab_t *)meta;
-    slot_t *t = &slab_slots(s)[slot < s->slots ? slot : 0];
+void shm_slab_slot(const shm_slab_t *slab, uint64_t slot, shm_slot_info_t *out) {
+    slot_t *t = &slab_slots(slab)[slot < slab->slots ? slot : 0];
     /* acquire of the state word, pairs with the release half of slab_move */
     uint64_t word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
     out->state = word & 3;
@@ -721,12 +755,12 @@ void shm_slab_slot(void *meta, uint64_t slot, shm_slot_info_t *out) {
 }
 
 /* A snapshot of the slab's counters; relaxed, as shm_ring_stats. */
-void shm_slab_stats(void *meta, shm_slab_stats_t *out) {
-    const slab_t *s = (const slab_t *)meta;
-    LOAD(s, slots);
-    LOAD(s, max_owners);
-    LOAD(s, slot_size);
-    LOAD(s, quota);
+void shm_slab_stats(const shm_slab_t *slab, shm_slab_stats_t *out) {
+    const slab_t *s = slab_header(slab);
+    out->slots = slab->slots; /* the geometry as opened, not as the header says now */
+    out->max_owners = slab->max_owners;
+    out->slot_size = slab->slot_size;
+    out->quota = slab->quota;
     LOAD(s, acquired);
     LOAD(s, released);
     LOAD(s, stale_refused);
@@ -740,7 +774,7 @@ void shm_slab_stats(void *meta, shm_slab_stats_t *out) {
 }
 #undef LOAD
 
-uint64_t shm_slab_held(void *meta, uint64_t owner) {
-    slab_t *s = (slab_t *)meta;
-    return owner < s->max_owners ? __atomic_load_n(&slab_held(s)[owner], __ATOMIC_ACQUIRE) : 0;
+uint64_t shm_slab_held(const shm_slab_t *slab, uint64_t owner) {
+    return owner < slab->max_owners ? __atomic_load_n(&slab_held(slab)[owner], __ATOMIC_ACQUIRE)
+                                    : 0;
 }

@@ -60,44 +60,67 @@ int shm_cas(uint64_t *p, uint64_t expected, uint64_t desired);
 uint64_t shm_fetch_add(uint64_t *p, uint64_t v);
 int shm_spin_until_equal(const uint64_t *p, uint64_t value, uint64_t spin_ns);
 
-/* -- ring: single producer, single consumer, variable-length records -- */
+/* -- ring: single producer, single consumer, variable-length records --
+ * A ring is used through a shm_ring_t: where its header is mapped in this
+ * process and the geometry checked when it was opened (shm_ring_open). The C
+ * never re-reads capacity, mask or max_payload from shared memory, where the
+ * peer could have changed them: every byte it touches lies in the ring as it
+ * was opened. */
+typedef struct {
+    void *header;
+    uint64_t capacity, mask, max_payload;
+} shm_ring_t;
+
 uint64_t shm_ring_header_size(void);
 uint64_t shm_ring_max_payload(uint64_t capacity);
-int shm_ring_init(void *ring, uint64_t capacity);
-int64_t shm_ring_check(void *ring, uint64_t region_size);
-int shm_ring_push(void *ring, const char *data, uint64_t len, int count_full);
-int64_t shm_ring_pop(void *ring, void *out, uint64_t out_cap);
-int64_t shm_ring_pop_batch(void *ring, void *out, uint64_t out_cap, uint64_t *lens, uint64_t max_n);
-int64_t shm_ring_peek(void *ring, uint64_t skip, void *out, uint64_t out_cap);
-uint64_t shm_ring_used(void *ring);
-int64_t shm_ring_pop_spin(void *ring, void *out, uint64_t out_cap, uint64_t spin_ns);
-uint64_t shm_ring_wait_used(void *ring, uint64_t spin_ns);
-int shm_ring_prepare_sleep(void *ring);
-int shm_ring_wake(void *ring);
-void shm_ring_end_sleep(void *ring);
-void shm_ring_reset(void *ring);
-void shm_ring_stats(void *ring, shm_ring_stats_t *out);
+int shm_ring_init(void *header, uint64_t capacity);
+int64_t shm_ring_open(shm_ring_t *ring, void *header, uint64_t region_size);
+int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int count_full);
+int64_t shm_ring_pop(const shm_ring_t *ring, void *out, uint64_t out_cap);
+int64_t shm_ring_pop_batch(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t *lens,
+                           uint64_t max_n);
+int64_t shm_ring_peek(const shm_ring_t *ring, uint64_t skip, void *out, uint64_t out_cap);
+uint64_t shm_ring_used(const shm_ring_t *ring);
+int64_t shm_ring_pop_spin(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t spin_ns);
+uint64_t shm_ring_wait_used(const shm_ring_t *ring, uint64_t spin_ns);
+int shm_ring_prepare_sleep(const shm_ring_t *ring);
+int shm_ring_wake(const shm_ring_t *ring);
+void shm_ring_end_sleep(const shm_ring_t *ring);
+void shm_ring_reset(const shm_ring_t *ring);
+void shm_ring_stats(const shm_ring_t *ring, shm_ring_stats_t *out);
 
-/* -- slab: per-slot state word (generation << 2 | state), owner, since -- */
+/* -- slab: per-slot state word (generation << 2 | state), owner, since --
+ * A slab is used through a shm_slab_t, as a ring: its slot count, owner count,
+ * slot size and quota are the ones checked when this process opened it
+ * (shm_slab_open), never re-read from the header in shared memory; every slot
+ * and owner index is range-checked against them. */
+typedef struct {
+    void *header;
+    uint64_t slots, max_owners, slot_size, quota;
+} shm_slab_t;
+
 uint64_t shm_slab_meta_size(uint64_t slots, uint64_t max_owners);
-int shm_slab_init(void *meta, uint64_t slots, uint64_t max_owners, uint64_t slot_size, uint64_t quota);
-int64_t shm_slab_check(void *meta, uint64_t region_size);
-int64_t shm_slab_acquire(void *meta, uint64_t owner, uint64_t now_ns, uint64_t *generation);
-int shm_slab_publish(void *meta, uint64_t slot, uint64_t generation);
-int64_t shm_slab_acquire_batch(void *meta, uint64_t owner, uint64_t n, uint64_t now_ns,
+int shm_slab_init(void *header, uint64_t slots, uint64_t max_owners, uint64_t slot_size,
+                  uint64_t quota);
+int64_t shm_slab_open(shm_slab_t *slab, void *header, uint64_t region_size);
+int64_t shm_slab_acquire(const shm_slab_t *slab, uint64_t owner, uint64_t now_ns,
+                         uint64_t *generation);
+int shm_slab_publish(const shm_slab_t *slab, uint64_t slot, uint64_t generation);
+int64_t shm_slab_acquire_batch(const shm_slab_t *slab, uint64_t owner, uint64_t n, uint64_t now_ns,
                                uint64_t *slots, uint64_t *generations);
-int64_t shm_slab_publish_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                               uint64_t n);
-int64_t shm_slab_ready_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                             uint64_t n);
-int64_t shm_slab_release_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                               uint64_t n, uint64_t owner, uint64_t *released);
-int64_t shm_slab_abort_batch(void *meta, const uint64_t *slots, const uint64_t *generations,
-                             uint64_t n);
-int shm_slab_is_ready(void *meta, uint64_t slot, uint64_t generation);
-int shm_slab_release(void *meta, uint64_t slot, uint64_t generation, uint64_t owner);
-int shm_slab_abort(void *meta, uint64_t slot, uint64_t generation);
-int64_t shm_slab_reclaim(void *meta, uint64_t owner);
-void shm_slab_slot(void *meta, uint64_t slot, shm_slot_info_t *out);
-void shm_slab_stats(void *meta, shm_slab_stats_t *out);
-uint64_t shm_slab_held(void *meta, uint64_t owner);
+int64_t shm_slab_publish_batch(const shm_slab_t *slab, const uint64_t *slots,
+                               const uint64_t *generations, uint64_t n);
+int64_t shm_slab_ready_batch(const shm_slab_t *slab, const uint64_t *slots,
+                             const uint64_t *generations, uint64_t n);
+int64_t shm_slab_release_batch(const shm_slab_t *slab, const uint64_t *slots,
+                               const uint64_t *generations, uint64_t n, uint64_t owner,
+                               uint64_t *released);
+int64_t shm_slab_abort_batch(const shm_slab_t *slab, const uint64_t *slots,
+                             const uint64_t *generations, uint64_t n);
+int shm_slab_is_ready(const shm_slab_t *slab, uint64_t slot, uint64_t generation);
+int shm_slab_release(const shm_slab_t *slab, uint64_t slot, uint64_t generation, uint64_t owner);
+int shm_slab_abort(const shm_slab_t *slab, uint64_t slot, uint64_t generation);
+int64_t shm_slab_reclaim(const shm_slab_t *slab, uint64_t owner);
+void shm_slab_slot(const shm_slab_t *slab, uint64_t slot, shm_slot_info_t *out);
+void shm_slab_stats(const shm_slab_t *slab, shm_slab_stats_t *out);
+uint64_t shm_slab_held(const shm_slab_t *slab, uint64_t owner);
