@@ -28,6 +28,9 @@ from rte.contract import ResultKind, StepResult
 _CHUNK, _WARMUP, _ERROR = ResultKind.CHUNK, ResultKind.WARMUP, ResultKind.ERROR
 
 
+MAX_COLUMNS = 64  # lists of sessions whose column is kept (a client's each, usually)
+
+
 class Receipts:
     """Per session, the seq each of its chunks applied. ``pipelined``: depth 2."""
 
@@ -36,6 +39,9 @@ class Receipts:
         self.current: dict[str, int] = {}  # session -> the seq its last stamped chunk applied
         self._marks: dict[str, collections.deque[tuple[int, int]]] = {}
         self._leaving: list[str] = []  # detached: forgotten at the next step
+        # the columns made, by the list of sessions each was made for (the engine hands
+        # the same list, one per client, while its cohort stays): (sessions, column, rows)
+        self._columns: dict[int, tuple[list[str], list[int], dict[str, int]]] = {}
 
     @property
     def active(self) -> bool:
@@ -47,6 +53,8 @@ class Receipts:
         for session in self._leaving:
             self.current.pop(session, None)
             self._marks.pop(session, None)
+        if self._leaving:
+            self._columns.clear()
         self._leaving.clear()
 
     def handed(self, results: list[StepResult], seqs: Mapping[str, int]) -> None:
@@ -81,19 +89,31 @@ class Receipts:
         """Each row's applied seq; None when every one is 0 (no session has acted)."""
         if not self.active:
             return None
-        applied = self.applied
-        return [applied(s, c) for s, c in zip(sessions, chunks, strict=True)]
+        applied, cached = self.applied, self._columns.get(id(sessions))
+        if cached is not None and cached[0] is sessions:  # only rows with marks change
+            _, column, row = cached
+            for session in list(self._marks):
+                i = row.get(session)
+                if i is not None:
+                    column[i] = applied(session, chunks[i])
+            return column
+        column = [applied(s, c) for s, c in zip(sessions, chunks, strict=True)]
+        if len(self._columns) >= MAX_COLUMNS:
+            self._columns.clear()
+        self._columns[id(sessions)] = (sessions, column, {s: i for i, s in enumerate(sessions)})
+        return column
 
     def stamp(self, results: list[StepResult]) -> list[StepResult]:
         """``results`` with each CHUNK's ``applied`` set (the same list if all are 0)."""
         if not self.active:
             return results
         out = []
+        applied, new = self.applied, tuple.__new__
         for result in results:
             if result.kind is _CHUNK:
-                seq = self.applied(result.session, result.chunk)
-                if seq:
-                    result = result._replace(applied=seq)  # noqa: PLW2901 (the stamped one)
+                seq = applied(result.session, result.chunk)
+                if seq:  # the same fields, ``applied`` (the last) set: no _replace
+                    result = new(StepResult, (*result[:-1], seq))  # noqa: PLW2901
             out.append(result)
         return out
 

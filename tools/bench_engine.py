@@ -10,7 +10,10 @@ Each size is measured in ``--windows`` windows (default 5; each a fresh
 engine, ``--steps`` timed steps, then the floor); every figure is the median
 over windows with its spread (see ``tools.report``). ``overhead_x_floor`` is
 taken per window (engine and floor of the same window); ``step_x_1_session``
-is the ratio of the medians.
+is the ratio of the medians. ``realtime_us``: what a paced host's real-time
+bookkeeping (pacer, cost model, overload governor, receipts) adds to a turn of
+the serve loop over the same loop unpaced, and ``realtime_pct_of_step`` that
+as a share of the engine's step.
 
     python -m tools.bench_engine [--sessions 1 8 64] [--steps 2000] [--windows 5]
     python -m tools.bench_engine --json     # for scripts
@@ -27,8 +30,10 @@ from typing import Any
 import numpy as np
 
 from rte import Batch, ComposedEngine
+from rte.contract import Action
 from rte.ipc import latency
 from rte.models import NullModel
+from rte.serve import Act, Attach, ServeLoop
 from tools.report import (
     DEFAULT_WINDOWS,
     Progress,
@@ -40,6 +45,7 @@ from tools.report import (
 
 COLUMNS = ["sessions", "step_p50_us", "step_p99_us", "per_session_us", "step_x_1_session"]
 COLUMNS += ["floor_p50_us", "overhead_x_floor", "metrics_us", "metrics_pct_of_step"]
+COLUMNS += ["realtime_us", "realtime_pct_of_step"]
 TABLES: list[TableSpec] = [
     ("ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", "rows", {}, COLUMNS)
 ]
@@ -74,6 +80,33 @@ def _floor_step_ns(sessions: int, steps: int) -> list[int]:
     return samples
 
 
+def _serve_ns(sessions: int, steps: int, pace_hz: float) -> list[int]:
+    """A :class:`rte.serve.ServeLoop` turn over the same engine: unpaced, its step
+    alone (admission by rows: no real-time bookkeeping); paced, the turn a paced
+    host makes (begin, step, end: the pacer's lateness, the cost model, the
+    governor's filter and verdict, receipts for a session that acted)."""
+    engine = ComposedEngine(NullModel(max(sessions, 1)), lanes="cpu")
+    loop = ServeLoop(engine, pace_hz=pace_hz, admission="realtime" if pace_hz else "rows")
+    names = [f"s{i}" for i in range(sessions)]
+    for name in names:
+        loop.handle(Attach(name))
+    samples = []
+    for k in range(50 + steps):
+        if k % 10 == 0:  # a session acts now and then: receipts have work
+            loop.handle(Act(names[k % sessions], Action({"tag": k}), seq=k + 1))
+        t0 = time.perf_counter_ns()
+        if pace_hz:
+            loop.begin_turn()
+            loop.step(names)
+            loop.end_turn()
+        else:
+            loop.step(names)
+        if k >= 50:
+            samples.append(time.perf_counter_ns() - t0)
+    engine.close()
+    return samples
+
+
 def _metrics_ns(steps: int) -> list[int]:
     """What the daemon adds to a step to keep its step-time histogram for ``rte inspect
     --prometheus``: two clock reads and one add (bucket and sum) into shared words."""
@@ -94,7 +127,11 @@ def _window(sessions: int, steps: int) -> dict[str, float]:
     engine = percentiles_us(_engine_step_ns(sessions, steps))
     floor = percentiles_us(_floor_step_ns(sessions, steps))
     metrics = percentiles_us(_metrics_ns(steps))
+    plain = percentiles_us(_serve_ns(sessions, steps, 0.0))["p50_us"]
+    paced = percentiles_us(_serve_ns(sessions, steps, 30.0))["p50_us"]
     return {
+        "realtime_us": paced - plain,
+        "realtime_pct_of_step": 100 * (paced - plain) / max(engine["p50_us"], 1e-3),
         "metrics_us": metrics["p50_us"],
         "metrics_pct_of_step": 100 * metrics["p50_us"] / max(engine["p50_us"], 1e-3),
         "step_p50_us": engine["p50_us"],
