@@ -2,6 +2,10 @@
 
 import sys
 
-from rte.cli import main
+try:
+    from rte.cli import main
+except KeyboardInterrupt:  # a Ctrl-C this early: the command's one line, not a traceback
+    print("rte: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

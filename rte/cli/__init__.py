@@ -8,19 +8,20 @@ rte clean       remove what a dead daemon left in /dev/shm
 rte bench       the benchmarks of a source checkout (tools/)
 
 A mistake is one line on stderr and a non-zero exit (2 for settings that
-cannot hold, 130 for Ctrl-C); ``--debug`` shows the traceback instead.
+cannot hold, 130 for Ctrl-C, at any moment, the imports included); ``--debug``
+shows the traceback instead. A closed stdout (``rte inspect | head``) is a
+quiet end, exit 0. The commands are imported inside :func:`main`, so that its
+Ctrl-C handling covers their imports too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, NoReturn
 
 import rte
-from rte.cli import bench, clean, demo, inspect, play, serve
-from rte.errors import ConfigurationError, RteError
-from shm import ShmError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -39,6 +40,30 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``rte`` command; its exit code. A Ctrl-C even while the commands are
+    still being imported (NumPy's import takes a while) is one line and 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # the commands' own handler is not set up yet
+        print("rte: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # a reader that closed its end (rte inspect | head): done
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's flush at exit finds the pipe
+    closed too, and would say so (``Exception ignored ... BrokenPipeError``)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
+    from rte.cli import bench, clean, demo, inspect, play, serve  # noqa: PLC0415 (see main)
+    from rte.errors import ConfigurationError  # noqa: PLC0415
+
     parser = OneLineParser(prog="rte", description="A realtime inference engine.")
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
     parser.add_argument("--debug", "-v", action="store_true", help="show the traceback of an error")
@@ -53,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rte {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader closed its end: a normal end, said by main
+        raise
     except Exception as exc:
         if args.debug:
             raise
@@ -63,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 def one_line(exc: BaseException) -> str:
     """An error as a user reads it: what went wrong, on one line. Errors of rte and
     of the system say it themselves; anything else is a bug, named as one."""
+    from rte.errors import RteError  # noqa: PLC0415 (imported once a command runs)
+    from shm import ShmError  # noqa: PLC0415
+
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, RteError | ShmError | OSError | ValueError):
         return text

@@ -13,6 +13,7 @@ SIGKILL included, stops its daemon too (:mod:`rte.ipc.parentdeath`).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
 
-CONNECT_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0  # a launched daemon's model may take a while to load
 DEFAULT_MODEL = "world"
 PROMPTS = (
     "a forest",
@@ -55,11 +56,25 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--name", help="attach to this running daemon instead of launching one")
     p.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"short name or module:factory ({DEFAULT_MODEL})"
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --name: wait up to this long for that daemon to come up (default 0: "
+        "it must be running)",
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a launched daemon's model: short name or module:factory (default {DEFAULT_MODEL})",
     )
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument(
+        "--sessions", type=int, default=4, help="sessions to stream, at least 1 (default 4)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=3.0, help="how long to stream, above 0 (default 3)"
+    )
     p.add_argument("--png", help="write a contact sheet of decoded frames to this PNG file")
     p.set_defaults(func=demo)
 
@@ -70,17 +85,32 @@ def demo(args: argparse.Namespace) -> int:
         _check_writable(png)  # before anything streams
     if args.sessions < 1:
         raise ConfigurationError(f"--sessions {args.sessions}: at least 1")
+    if not args.seconds > 0 or math.isinf(args.seconds):
+        raise ConfigurationError(f"--seconds {args.seconds}: a number of seconds above 0")
+    if not 0 <= args.wait < math.inf:
+        raise ConfigurationError(f"--wait {args.wait}: 0 (no waiting) or more seconds")
     name = args.name or f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     daemon, said = None, child_log()
     if args.name is None:
         command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
         command += ["--max-sessions", str(max(args.sessions, 1))]
         command += ["--device", args.device] if args.device else []
-        # dies with us, SIGKILL included (we launch it from the main thread)
+        # A session of its own: a Ctrl-C at the terminal (SIGINT to the whole
+        # foreground process group) reaches the demo alone, which prints its
+        # summary and then stops the daemon itself. It dies with us all the same,
+        # SIGKILL included (we launch it from the main thread).
         tie = dies_with_this_process()
-        daemon = subprocess.Popen(command, stderr=said, preexec_fn=tie)  # noqa: PLW1509
+        daemon = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stderr=said,
+            start_new_session=True,
+            preexec_fn=tie,  # noqa: PLW1509 (prctl only: no lock taken)
+        )
+    elif args.wait > 0:
+        print(f"rte demo: waiting up to {args.wait:g} s for daemon {name!r}", file=sys.stderr)
     try:
-        with _connect(name, daemon, said) as client:
+        with _connect(name, daemon, said, args.wait) as client:
             sheet, interrupted = _stream(client, args.sessions, args.seconds, png is not None)
         if png is not None and sheet is not None:
             write_png(png, sheet)
@@ -101,15 +131,20 @@ def _check_writable(png: Path) -> None:
         raise ConfigurationError(f"--png {png}: cannot write there")
 
 
-def _connect(name: str, daemon: subprocess.Popen[bytes] | None, said: Any) -> EngineClient:
-    """A client of ``name``; if the daemon this demo launched exits first, its own
-    words, at once (not after connect's timeout)."""
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+def _connect(
+    name: str, daemon: subprocess.Popen[bytes] | None, said: Any, wait: float
+) -> EngineClient:
+    """A client of ``name``: the daemon this demo launched once it is up (if it
+    exits first, its own words, at once), or the one ``--name`` says, running now
+    or within ``--wait``."""
+    if daemon is None:
+        return connect(name, timeout=wait or None)
+    deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
-            return connect(name, timeout=0.25 if daemon is not None else CONNECT_TIMEOUT_S)
+            return connect(name, timeout=0.25)
         except EngineGone:
-            if daemon is not None and daemon.poll() is not None:
+            if daemon.poll() is not None:
                 raise EngineGone(
                     f"the daemon did not start (exit {daemon.returncode}): {last_words(said)}"
                 ) from None
@@ -156,13 +191,13 @@ def _stream(
     except KeyboardInterrupt:  # Ctrl-C: the summary of what came, not a traceback
         interrupted = True
     elapsed = time.monotonic() - start
-    for session in sessions:
-        client.detach(session)
     print(f"{'session':<12}{'chunks':>8}{'chunks/s':>10}{'latency p50 ms':>16}{'p99 ms':>9}")
     for session in sessions:
         lat = np.asarray(latency[session], dtype=np.float64) / 1e6
         p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
         print(f"{session:<12}{lat.size:>8}{lat.size / elapsed:>10.1f}{p50:>16.3f}{p99:>9.3f}")
+    for session in sessions:  # after the summary: what came is said whatever happens here
+        client.detach(session)
     if not want_frames:
         return None, interrupted
     return contact_sheet([frames[s] for s in sessions], labels), interrupted
