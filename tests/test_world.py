@@ -15,7 +15,7 @@ from rte import ComposedEngine
 from rte.cli.sheet import GUTTER, LABEL, TEXT_SCALE, contact_sheet
 from rte.contract import Action
 from rte.models import load_model, worldgen
-from rte.models.learned import WEIGHTS, LearnedWorldModel, load_weights
+from rte.models.learned import SHAPES, WEIGHTS, WEIGHTS_SHA256, LearnedWorldModel, load_weights
 
 STEPS = 24
 TRAINED_BOUND = 6.0  # mean absolute error, of 255, along a walk
@@ -123,19 +123,23 @@ def test_the_shipped_weights_are_checked(corrupt: Path) -> None:
     assert WEIGHTS.stat().st_size < 1_000_000
     load_weights()  # the shipped file passes
     with pytest.raises(ValueError, match="checksum"):
-        load_weights(corrupt, sha256=load_weights.__defaults__[1])  # type: ignore[index]
+        load_weights(corrupt, sha256=WEIGHTS_SHA256)
     assert load_model("world", max_sessions=1).name == "world"
 
 
-def test_training_is_reproducible() -> None:
-    trainer = pytest.importorskip("tools.train_world")  # (needs torch: the torch extra)
-    first, _ = trainer.train(12, batch=4, log_every=0)
-    second, _ = trainer.train(12, batch=4, log_every=0)
-    assert first.keys() == second.keys()
-    assert all(np.array_equal(first[k], second[k]) for k in first)
-    assert any(
-        not np.array_equal(first[k], v) for k, v in LearnedWorldModel(1, weights="random").w.items()
-    )
+def test_a_checksum_refusal_says_how_to_restore_and_how_to_load_other_weights(
+    corrupt: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="checksum") as refused:
+        load_weights(corrupt, sha256=WEIGHTS_SHA256)
+    message = str(refused.value)
+    assert f"git checkout -- {corrupt}" in message and "reinstall rte" in message
+    assert "--model-setting weights=PATH" in message
+    assert "retrain with" not in message  # retraining never gives back the shipped file
+    # and what it says works: other weights, as a retraining writes them, load by path
+    retrained = tmp_path / "retrained.npz"
+    np.savez(retrained, **{k: v + 1 for k, v in load_weights().items()})
+    assert LearnedWorldModel(1, weights=str(retrained)).w.keys() == SHAPES.keys()
 
 
 def test_the_demo_sheet_labels_each_walk_and_shows_it_moving() -> None:

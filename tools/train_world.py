@@ -1,9 +1,27 @@
 """Train the ``world`` model (rte.models.learned) on the procedural world; write its weights.
 
-    python -m tools.train_world [--steps 3000] [--out rte/models/world_weights.npz]
+    python -m tools.train_world [--steps 3000] [--out world_weights.npz]
+    python -m tools.train_world --replace-shipped   # the shipped file and its pin
 
-Reproducible: seeded, CPU, float32, one thread per core; a couple of minutes
-on 2 cores. Each step draws a batch of views of :mod:`rte.models.worldgen`
+It writes ``--out`` (default ``world_weights.npz`` in the current directory) and
+never the shipped ``rte/models/world_weights.npz``, unless ``--replace-shipped``
+says so: then it writes that file and the sha256 :mod:`rte.models.learned` pins
+(:data:`~rte.models.learned.WEIGHTS_SHA256`), the two together, so the package
+never holds weights its own check refuses. Load other weights by path:
+``LearnedWorldModel(weights=PATH)``, or ``rte serve --model world
+--model-setting weights=PATH``.
+
+Bit-reproducible on any x86-64 CPU: seeded, float32, deterministic algorithms,
+one thread, and the CPU kernels pinned to code paths that every x86-64 CPU
+computes alike: oneMKL's ``COMPATIBLE`` branch (``MKL_CBWR``: its default picks
+AVX2 or AVX-512 code by CPU, Intel or AMD, with other roundings) and ATen's
+``default`` capability (``ATEN_CPU_CAPABILITY``: AVX2 and AVX-512 agree, the
+baseline kernels do not). Both are read once, when torch loads, so the command
+runs itself again with them set when they are not. What the bytes still depend
+on: torch's version (the ``torch`` extra pins it) and NumPy's random generator
+and arithmetic (the shipped file: numpy 2.4.6). About ten minutes on one core.
+
+Each step draws a batch of views of :mod:`rte.models.worldgen`
 (a random look from a random prompt, a random camera, a random move since the
 previous chunk) and fits the network of :mod:`rte.models.learned`, written
 here again in torch with the same names and shapes:
@@ -16,9 +34,8 @@ here again in torch with the same names and shapes:
   shifted by the move, as the model's cache holds it;
 * the decoder learns each look's palette and light.
 
-Writes the weights as ``.npz`` and prints their sha256 (the model checks the
-file it loads against :data:`rte.models.learned.WEIGHTS_SHA256`; update it
-with the printed one), and the mean pixel error on fresh views.
+Prints the file's sha256, whether it is the shipped one, and the mean pixel
+error on fresh views.
 """
 
 from __future__ import annotations
@@ -26,6 +43,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import os
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +57,14 @@ import torch.nn.functional as F
 from rte.models import learned, worldgen
 
 SEED = 20261130
+# The kernels every x86-64 CPU computes alike, and one thread (read when torch loads).
+PINNED = {
+    "MKL_CBWR": "COMPATIBLE",
+    "ATEN_CPU_CAPABILITY": "default",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+SHIPPED_PIN = re.compile(r'^WEIGHTS_SHA256 = "[0-9a-f]{64}"$', re.MULTILINE)
 Array = np.ndarray[Any, Any]
 TEMPLATES = (
     "{b}",
@@ -121,7 +149,8 @@ def _batch(rng: np.random.Generator, n: int) -> tuple[list[str], Array, Array, A
 
 def train(steps: int, batch: int = 32, log_every: int = 250) -> tuple[dict[str, Array], float]:
     """The trained weights and the seconds it took (deterministic algorithms only,
-    for this call: the same steps give the same bytes)."""
+    for this call). The same steps give the same bytes on every x86-64 CPU in a
+    process whose kernels are pinned (:data:`PINNED`, as the command runs)."""
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)  # (index_put's accumulation, above all)
     try:
@@ -176,27 +205,92 @@ def evaluate(weights: dict[str, np.ndarray], n: int = 64) -> float:
 
 
 def save(weights: dict[str, np.ndarray], path: Path) -> str:
-    """Write the weights (bytes that depend on them alone); their sha256."""
+    """Write the weights (bytes that depend on them alone, the file replaced whole);
+    their sha256."""
     buffer = io.BytesIO()
     savez: Any = np.savez  # (its stubs take the keywords for its own flags)
     savez(buffer, **{k: weights[k] for k in sorted(weights)})
     data = buffer.getvalue()
-    path.write_bytes(data)
+    _replace(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
+def _replace(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+def pin(digest: str, source: Path) -> None:
+    """Set the sha256 that ``source`` (rte/models/learned.py) pins to ``digest``."""
+    text = source.read_text()
+    _replace(source, SHIPPED_PIN.sub(f'WEIGHTS_SHA256 = "{digest}"', text).encode())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.train_world", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--steps", type=int, default=3000, help="(default 3000)")
+    parser.add_argument("--batch", type=int, default=48, help="(default 48)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out",
+        type=Path,
+        default=Path("world_weights.npz"),
+        help="the weights file to write (default world_weights.npz, here)",
+    )
+    where.add_argument(
+        "--replace-shipped",
+        action="store_true",
+        help=f"write the shipped {learned.WEIGHTS.name} and the sha256 rte/models/learned.py "
+        "pins, together (for a maintainer; commit both)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=48)
-    parser.add_argument("--out", type=Path, default=learned.WEIGHTS)
+    parser = _parser()
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    source = Path(learned.__file__)
+    if args.replace_shipped:
+        if len(SHIPPED_PIN.findall(source.read_text())) != 1:
+            parser.error(f"{source}: no single WEIGHTS_SHA256 line to update")
+        args.out = learned.WEIGHTS
+    elif args.out.resolve() == learned.WEIGHTS.resolve():
+        parser.error(
+            f"--out {args.out} is the shipped file, checked against the sha256 "
+            "rte/models/learned.py pins: --replace-shipped replaces both"
+        )
+    torch.set_num_threads(1)
+    pinned = " ".join(f"{k}={v}" for k, v in PINNED.items())
+    print(f"kernels: {pinned}, capability {torch.backends.cpu.get_cpu_capability()}")
     weights, seconds = train(args.steps, args.batch)
-    digest = save(weights, args.out)
     print(f"trained in {seconds:.0f} s; mean error {evaluate(weights):.2f}/255 on fresh views")
+    shipped = learned.WEIGHTS_SHA256
+    digest = save(weights, args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes), sha256 {digest}")
+    if args.replace_shipped:
+        pin(digest, source)
+        same = " (unchanged)" if digest == shipped else f", was {shipped[:16]}..."
+        print(f"pinned it in {source}{same}: commit both files")
+    elif digest == shipped:
+        print("the shipped weights, bit for bit")
+    else:
+        print(
+            f"not the shipped weights (sha256 {shipped[:16]}...); load these by path: "
+            f"LearnedWorldModel(weights={str(args.out)!r}), or rte serve --model world "
+            f"--model-setting weights={args.out.resolve()}"
+        )
+
+
+def _run_pinned() -> None:
+    """Run this command again with :data:`PINNED` set, unless it is set already."""
+    if any(os.environ.get(k) != v for k, v in PINNED.items()):
+        command = [sys.executable, "-m", "tools.train_world", *sys.argv[1:]]
+        os.execve(sys.executable, command, {**os.environ, **PINNED})
 
 
 if __name__ == "__main__":
+    _run_pinned()
     main()

@@ -1,10 +1,11 @@
 """The ``world`` model: a small world model that learned a world, run in NumPy.
 
-Trained by ``tools/train_world.py`` (torch, CPU, seeded, a minute or two) on
+Trained by ``tools/train_world.py`` (torch, CPU, seeded, bit-reproducible) on
 views of the procedural world of :mod:`rte.models.worldgen`; the weights ship
 with the package (``world_weights.npz``, checked against :data:`WEIGHTS_SHA256`)
-and load by default. ``weights="random"`` gives the same network untrained, for
-tests that need no file and as the baseline the trained one is measured
+and load by default. ``weights=PATH`` loads retrained ones (unchecked: the pin
+is the shipped file's); ``weights="random"`` gives the same network untrained,
+for tests that need no file and as the baseline the trained one is measured
 against. Inference is NumPy: the CPU path (``rte demo``, ``rte play``) never
 imports torch.
 
@@ -109,13 +110,16 @@ def random_weights(seed: int = 20261130) -> dict[str, np.ndarray]:
 
 
 def load_weights(path: Path = WEIGHTS, sha256: str | None = WEIGHTS_SHA256) -> dict[str, Any]:
-    """The shipped (or a given) weights, checked: ValueError when they are not those."""
+    """The shipped (or a given) weights, checked: ValueError when they are not those,
+    saying how to restore the shipped file and how to load other weights instead."""
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256:
         raise ValueError(
-            f"{path}: checksum {digest[:16]}..., expected {sha256[:16]}...: reinstall rte, "
-            "or retrain with python -m tools.train_world"
+            f"{path}: checksum {digest[:16]}..., expected {sha256[:16]}... (the shipped "
+            f"weights, pinned in rte/models/learned.py): restore them (git checkout -- {path} "
+            "in a checkout, else reinstall rte); to run retrained weights, load them by path "
+            "(--model-setting weights=PATH, or LearnedWorldModel(weights=PATH))"
         )
     with np.load(path) as npz:
         weights = {name: npz[name].astype(np.float32) for name in npz.files}
@@ -134,7 +138,8 @@ class LearnedWorldModel(PromptMoveModel):
     """Args:
     max_sessions: rows in the arena.
     pipelined: decode chunk N-1 while making chunk N.
-    weights: ``"trained"`` (the shipped file), ``"random"`` (untrained), or a path.
+    weights: ``"trained"`` (the shipped file, checked), ``"random"`` (untrained),
+        or the path of a file ``tools/train_world.py`` wrote (not checked).
     cost: each stage costs this many times its work (for real-time tests and
         benchmarks; see :mod:`rte.models.cost`).
     cost_file: a file holding the cost factor, re-read while the model runs.
