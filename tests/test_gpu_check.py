@@ -18,7 +18,7 @@ import pytest
 
 from tools import gpu_check, gpu_trace
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs the torch extra: pip install -e '.[torch]'")
 
 
 def test_without_cuda_it_says_so_and_exits_0(tmp_path: Path) -> None:

@@ -35,5 +35,7 @@ def test_ruff_format() -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.torch  # it types rte's torch and Ray code against their packages
+@pytest.mark.ray
 def test_mypy_strict() -> None:
     _run(sys.executable, "-m", "mypy")

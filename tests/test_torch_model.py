@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
 
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs the torch extra: pip install -e '.[torch]'")
 
 from daemon_harness import DaemonProcess, mapped_file, slab_file  # noqa: E402
 
