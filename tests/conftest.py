@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -56,3 +57,14 @@ def each_lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     before = len(HAZARDS)
     yield request.param
     assert HAZARDS[before:] == [], "the simulated device saw races"
+
+
+# marker -> the module its extra installs (pyproject.toml registers the markers)
+EXTRAS = {"torch": "torch", "ray": "ray"}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked with an extra's name is skipped without it, the skip naming it."""
+    for extra, module in EXTRAS.items():
+        if item.get_closest_marker(extra) and importlib.util.find_spec(module) is None:
+            pytest.skip(f"needs the {extra} extra: pip install -e '.[{extra}]'")

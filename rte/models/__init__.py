@@ -21,6 +21,20 @@ SHORT_NAMES: dict[str, str] = {
     "world": "rte.models.learned:LearnedWorldModel",  # trained weights, NumPy
 }
 
+# What each short name is, in a few words: what a command that offers them shows.
+DESCRIPTIONS: dict[str, str] = {
+    "world": "trained weights in NumPy, a small world you walk in",
+    "reference": "deterministic NumPy stages on every lane, untrained: the tests' model",
+    "null": "zero-cost stages, for the engine's own overhead",
+    "torch": "random weights, untrained: a transformer exercising the lanes, the KV cache "
+    "and CUDA on real tensors, its frames noise (the torch extra)",
+}
+
+
+def model_choices() -> str:
+    """Every short name and what it is, for a command's help: ``world: ...; ...``."""
+    return "; ".join(f"{name}: {text}" for name, text in DESCRIPTIONS.items())
+
 
 def load_model(spec: str, **settings: Any) -> StageModel:
     """Build the model named ``spec`` with ``settings`` (e.g. ``max_sessions=8``)."""
@@ -44,4 +58,11 @@ def load_model(spec: str, **settings: Any) -> StageModel:
     return model
 
 
-__all__ = ["SHORT_NAMES", "NullModel", "ReferenceModel", "load_model"]
+__all__ = [
+    "DESCRIPTIONS",
+    "SHORT_NAMES",
+    "NullModel",
+    "ReferenceModel",
+    "load_model",
+    "model_choices",
+]

@@ -1,7 +1,10 @@
-"""A small causal video world model in torch, behind ComposedEngine.
+"""The shape of a causal video world model in torch, with random weights: a lane exerciser.
 
-Selected as ``--model torch``. It exists so that the lanes, the pipelining and
-the zero-copy slab are exercised by real tensor work:
+Selected as ``--model torch``. It is untrained (its weights come from a fixed
+seed; no file, no download), so its frames are noise: for a world that looks
+like one, run ``world`` (:mod:`rte.models.learned`). It exists so that the
+lanes, the pipelining, CUDA streams and graphs and the zero-copy slab are
+exercised by real tensor work of a world model's shape:
 
 * HOT ``denoise``: a 2-layer transformer refines noise (an entry of a fixed
   table, picked by session and chunk) into the next chunk's 16 latent tokens,
@@ -11,17 +14,25 @@ the zero-copy slab are exercised by real tensor work:
   ring of ``window`` chunks, for every row of the batch in one write.
 * DEFERRED ``decode``: an MLP from each token of the 4x4 grid to an 8x8 patch
   of a 32x32 RGB frame; a step's frames go into the step's slab slots in one
-  device-to-host copy (on CUDA asynchronous, on the DEFERRED stream, into
-  pinned memory).
+  device-to-host copy per client (:mod:`rte.models.slab_copy`: on CUDA
+  asynchronous, on the DEFERRED stream, into pinned memory).
 * ENCODE ``encode_prompt``: a byte-level prompt encoder for the heavy
   ``prompt`` key.
 
-Weights are deterministic from a fixed seed: no downloads, no files. Every
-tensor of state is per row and lives on the device (row-indexed caches and
-prompts, per-row attention masks), so a session never sees another's data and
-a step issues the same few dozen launches whatever its batch size: the per-row
-numbers go up in one page-locked copy (:mod:`rte.models.staging`), and nothing
-in a step waits for the device.
+The random weights are the same in every process. Every tensor of state is
+per row and lives on the device (row-indexed caches and prompts, per-row
+attention masks), so a session never sees another's data and a step issues the
+same few dozen launches whatever its batch size: the per-row numbers go up in
+one page-locked copy (:mod:`rte.models.staging`), and nothing in a step waits
+for the device.
+
+On CUDA every batch is padded to the arena's rows (``batch_invariant``): cuBLAS
+picks its kernel by the matrix sizes, so a row computed in a batch of 1 and of
+8 would differ by an ulp, and the decoder's rounding to uint8 turns an ulp into
+a level. Padded, every step runs the same kernels on the same shapes, and a
+session's frames are the same solo and batched, to the bit; one graph per lane
+is captured, at load. ``batch_invariant=False`` pads to powers of two instead
+(cheaper for small batches in a large arena, frames within a level).
 """
 
 from __future__ import annotations
@@ -111,7 +122,10 @@ class _Decoder(nn.Module):
 
 
 class TorchWorldModel(PromptMoveModel):
-    """Args:
+    """A world model's lanes on real tensors, its weights random (untrained: frames
+    of noise); see the module's docstring.
+
+    Args:
     max_sessions: rows in the arena (and in every per-row state tensor).
     pipelined: decode chunk N-1 while making chunk N.
     window: chunks of context each row's KV cache keeps.
