@@ -17,7 +17,9 @@ import pytest
 from daemon_harness import DaemonProcess, leftovers
 
 import rte
-from rte import RequestError
+from rte import EngineGone, RequestError
+from rte.client import connect
+from rte.ipc.names import DaemonNames
 from shm.names import objects, shm_name
 
 
@@ -107,7 +109,9 @@ def test_serve_and_inspect_mistakes_are_one_line(shm_prefix: str) -> None:
     one_line_error(
         rte_command("serve", "--name", shm_prefix, "--max-sessions", "0"), 2, "--max-sessions"
     )
-    one_line_error(rte_command("inspect", f"{shm_prefix}none"), 1, "no shared-memory segment")
+    done = rte_command("inspect", f"{shm_prefix}none")
+    one_line_error(done, 1, f"no daemon named {shm_prefix}none (")
+    assert "/rte." not in done.stderr  # no internal object's name
     done = rte_command("--debug", "inspect", f"{shm_prefix}none")  # --debug: the traceback
     assert done.returncode == 1 and "Traceback" in done.stderr
 
@@ -255,3 +259,130 @@ def test_an_abbreviated_option_is_a_mistake_not_another_option(
     done = rte_command(*(a.format(name=shm_prefix) for a in args), timeout=60)
     one_line_error(done, 2, "unrecognized arguments: --", "--help)")
     assert leftovers(shm_prefix) == []
+
+
+# -- wrong or dead names: said at once, unless asked to wait --------------------------
+
+
+def test_connect_to_no_daemon_or_a_dead_one_fails_at_once_saying_how_to_start_one(
+    shm_prefix: str,
+) -> None:
+    def refused(name: str, words: str) -> None:
+        started = time.monotonic()
+        with pytest.raises(EngineGone, match=words):
+            connect(name)
+        assert time.monotonic() - started < 2.5  # at once: it waited 5 s
+
+    refused(f"{shm_prefix}n", f"no daemon named '{shm_prefix}n'.*rte serve --name {shm_prefix}n")
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    d.client().close()
+    refused(f"{shm_prefix}n", f"no daemon named .*running: .*{shm_prefix}")  # names those up
+    d.kill()  # its segments stay, their creator dead
+    refused(shm_prefix, f"daemon '{shm_prefix}' is dead .*rte clean {shm_prefix}")
+    DaemonNames(shm_prefix).remove_leftovers()
+
+
+def test_connect_with_a_timeout_waits_for_a_daemon_to_come_up(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "null")  # launched, not up yet: waited for
+    try:
+        with connect(shm_prefix, timeout=30) as client:
+            assert client.manifest.model == "null"
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+@pytest.mark.parametrize("command", ["demo", "play"])
+def test_a_command_given_a_name_with_no_daemon_says_so_at_once(
+    shm_prefix: str, command: str
+) -> None:
+    started = time.monotonic()
+    done = rte_command(command, "--name", f"{shm_prefix}n", timeout=60)
+    one_line_error(done, 1, f"no daemon named '{shm_prefix}n'", f"rte serve --name {shm_prefix}n")
+    assert time.monotonic() - started < 8  # not a wait of 10 s (play) or 60 s (demo)
+    waited = rte_command(command, "--name", f"{shm_prefix}n", "--wait", "0.5", timeout=60)
+    assert waited.returncode == 1, waited.stderr
+    assert f"waiting up to 0.5 s for daemon '{shm_prefix}n'" in waited.stderr  # it says so
+    assert "Traceback" not in waited.stderr
+
+
+def test_clean_of_a_name_with_nothing_in_dev_shm_is_a_mistake(shm_prefix: str) -> None:
+    done = rte_command("clean", f"{shm_prefix}typo")
+    one_line_error(done, 1, f"nothing of a daemon named '{shm_prefix}typo' in /dev/shm")
+    assert "removed" not in done.stdout
+
+
+# -- details: help, bad values, the pace, a stale heartbeat, a closed pipe ------------
+
+
+def test_demo_refuses_seconds_that_are_not_a_duration_and_its_help_says_the_defaults() -> None:
+    for seconds in ("-1", "0", "nan", "inf"):
+        one_line_error(rte_command("demo", "--seconds", seconds), 2, f"--seconds {seconds}")
+    helped = " ".join(rte_command("demo", "--help").stdout.split())
+    assert "sessions to stream, at least 1 (default 4)" in helped
+    assert "how long to stream, above 0 (default 3)" in helped
+    assert rte_command("serve", "--help").stdout.count("(default 2)") == 1  # --credits once
+
+
+def test_the_ready_line_and_inspect_show_the_pace_and_the_rows_the_manifest_has(
+    shm_prefix: str,
+) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "null", "--pace-hz", "20", "--engines", "2")
+    try:
+        d.client().close()
+        ready = d.said()
+        assert "max_sessions=16 (--engines 2 x --max-sessions 8) pace=20Hz" in ready, ready
+        shown = rte_command("inspect", shm_prefix)
+        assert shown.returncode == 0, shown.stderr
+        assert "pace 20 Hz" in shown.stdout and "sessions 0/16" in shown.stdout
+        listed = rte_command("inspect")
+        row = next(line for line in listed.stdout.splitlines() if line.startswith(shm_prefix))
+        assert "20 Hz" in row and "alive" in row, row
+    finally:
+        assert d.stop() == 0, d.stderr
+    unpaced = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        unpaced.client().close()
+        assert "max_sessions=8 pace=unpaced " in unpaced.said(), unpaced.said()
+    finally:
+        assert unpaced.stop() == 0, unpaced.stderr
+
+
+def test_inspect_flags_a_stopped_daemons_stale_heartbeat(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        d.client().close()
+        fresh = rte_command("inspect", shm_prefix)
+        assert "heartbeat stale" not in fresh.stdout, fresh.stdout
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.5)  # past the beat a live daemon keeps (1 s)
+            shown = rte_command("inspect", shm_prefix)
+            listed = rte_command("inspect")
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        assert re.search(r"alive, heartbeat stale \d+\.\d s: stopped or hung\?", shown.stdout)
+        assert "STALE" in listed.stdout and "stopped or hung?" in listed.stdout, listed.stdout
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        d.client().close()
+        for args in ((shm_prefix,), (), (shm_prefix, "--json")):
+            reader, writer = os.pipe()
+            os.close(reader)  # as head does once it has its lines
+            done = subprocess.run(
+                [sys.executable, "-m", "rte", "inspect", *args],
+                stdout=writer,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            os.close(writer)
+            assert done.returncode == 0, done.stderr
+            assert done.stderr == "", done.stderr
+    finally:
+        assert d.stop() == 0, d.stderr

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 
 import psutil
 from daemon_harness import DaemonProcess, Deadline
+from test_cli import one_line_error, rte_command
 
 from rte.cli.serve import OPTIONS, _children
 from rte.client import PoolClient, connect
@@ -20,7 +22,7 @@ from shm.names import objects, shm_name
 
 def until_ready(supervisor: DaemonProcess) -> None:
     limit = Deadline(what="both replicas ready")
-    while "rte serve: ready children=" not in supervisor.said():
+    while "rte serve: ready pid=" not in supervisor.said():
         limit.check(supervisor.said())
         assert supervisor.process.poll() is None, supervisor.said()
         time.sleep(0.05)
@@ -137,3 +139,79 @@ def test_a_sigkilled_supervisor_s_replicas_stop_and_unlink_everything(shm_prefix
         for pid in pids:  # a replica that outlived it would serve for ever: not after us
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_ready_line_names_the_supervisor_first_as_the_one_to_stop(shm_prefix: str) -> None:
+    name = f"{shm_prefix}p"
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
+    try:
+        until_ready(supervisor)
+        pids = [pid_of(f"{name}-{i}") for i in range(2)]
+        me = supervisor.pid
+        line = (
+            f"rte serve: ready pid={me} children={name}-0,{name}-1 child_pids={pids[0]},{pids[1]}"
+        )
+        assert line in supervisor.said(), supervisor.said()
+        assert (
+            f"to stop them all: kill {me}; a child killed alone is restarted" in supervisor.said()
+        )
+    finally:
+        assert supervisor.stop() == 0, supervisor.stderr
+
+
+def test_inspect_and_clean_understand_a_pools_name(shm_prefix: str) -> None:
+    name = f"{shm_prefix}q"
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
+    pids: list[int] = []
+    try:
+        until_ready(supervisor)
+        shown = rte_command("inspect", name)
+        assert shown.returncode == 0, shown.stderr
+        assert f"pool {name}: 2 daemons" in shown.stdout
+        for i in range(2):
+            assert re.search(rf"^{name}-{i}\s+\d+\s+alive", shown.stdout, re.M), shown.stdout
+        one_line_error(rte_command("inspect", name, "--ring", "0"), 1, "name one of them")
+        one_line_error(rte_command("clean", name), 1, "is alive")  # live members: refused
+        # leave its children's leftovers: stop the supervisor, SIGKILL them, then it
+        pids = [pid for i in range(2) if (pid := pid_of(f"{name}-{i}")) is not None]
+        os.kill(supervisor.pid, signal.SIGSTOP)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        supervisor.kill()
+        assert objects(shm_name(f"{name}-0")) and objects(shm_name(f"{name}-1"))
+        done = rte_command("clean", name)
+        assert done.returncode == 0, done.stderr
+        assert f"of '{name}-0'" in done.stdout and f"of '{name}-1'" in done.stdout
+        assert objects(shm_name(name)) == []
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        supervisor.stop()
+        DaemonNames(f"{name}-0").remove_leftovers()
+        DaemonNames(f"{name}-1").remove_leftovers()
+
+
+def test_a_pool_and_a_single_daemon_of_one_name_refuse_each_other(shm_prefix: str) -> None:
+    name = f"{shm_prefix}s"
+    single = DaemonProcess(name, "--model", "null")
+    try:
+        single.client().close()
+        pool = DaemonProcess(name, "--replicas", "2", "--model", "null")
+        assert pool.process.wait(60) == 2
+        pool.stop()
+        assert f"a daemon named {name!r} runs (pid {single.pid})" in pool.stderr, pool.stderr
+        assert pool.stderr.count("\n") == 1, pool.stderr
+    finally:
+        assert single.stop() == 0, single.stderr
+    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
+    try:
+        until_ready(supervisor)
+        alone = DaemonProcess(name, "--model", "null")
+        assert alone.process.wait(60) == 2
+        alone.stop()
+        assert f"a pool named {name!r} runs ({name}-0, {name}-1)" in alone.stderr, alone.stderr
+        with connect(name) as pool_client:
+            assert isinstance(pool_client, PoolClient)  # the pool, whole
+    finally:
+        assert supervisor.stop() == 0, supervisor.stderr

@@ -21,6 +21,9 @@ import time
 from typing import Any
 
 from rte.cli import clean
+from rte.client import replicas_of
+from rte.client.daemon import running_ones
+from rte.errors import EngineGone, RteError
 from rte.ipc.inspect import (
     daemons,
     delivery_us,
@@ -29,6 +32,10 @@ from rte.ipc.inspect import (
     summary,
 )
 from rte.ipc.metrics import prometheus
+
+# A live daemon beats every turn: at least every 50 ms when idle, once a tick when
+# paced. Older than this (plus two of its periods) it is stopped (SIGSTOP) or hung.
+STALE_BEAT_S = 1.0
 
 
 def add_parser(sub: Any) -> None:
@@ -58,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.remove:
             return clean.run(args)  # rte clean NAME
+        if args.name not in daemons():
+            members = replicas_of(args.name)
+            if not members:
+                raise EngineGone(f"no daemon named {args.name}{running_ones()}")
+            return _pool(args, members)
         if args.ring is not None:
             return _rings(args)
         if args.prometheus:
@@ -66,6 +78,48 @@ def run(args: argparse.Namespace) -> int:
         return _show(args)
     except KeyboardInterrupt:  # the end of --watch (errors are the command line's: one line)
         return 0
+
+
+def _pool(args: argparse.Namespace, members: list[str]) -> int:
+    """A pool's name (``rte serve --name NAME --replicas N``): its members, listed."""
+    if args.ring is not None or args.prometheus:
+        raise RteError(
+            f"{args.name} is a pool of {len(members)} daemons ({', '.join(members)}): "
+            "name one of them"
+        )
+    while True:
+        rows = [summary(n) for n in members]
+        if args.json:
+            print(json.dumps(rows) if args.watch else json.dumps(rows, indent=2), flush=True)
+        else:
+            head = f"pool {args.name}: {len(members)} daemons (rte inspect NAME-i for one)"
+            text = f"{head}\n{render_list(rows)}"
+            clear = "\x1b[H\x1b[2J" if args.watch else ""
+            print(clear + (fit(text, shutil.get_terminal_size().columns) if clear else text))
+        if not args.watch:
+            return 0
+        time.sleep(args.interval)
+
+
+def stale_beat(row: dict[str, Any]) -> float | None:
+    """The heartbeat's age when a live daemon's beat is older than it should be."""
+    age, pace = row.get("heartbeat_age_s"), row.get("pace_hz") or 0.0
+    if not row.get("alive") or age is None:
+        return None
+    return age if age > STALE_BEAT_S + (2 / pace if pace else 0.0) else None
+
+
+def status(row: dict[str, Any]) -> str:
+    """``alive``, ``DEAD``, or ``alive, heartbeat stale 2.6 s: stopped or hung?``."""
+    if not row.get("alive"):
+        return "DEAD"
+    stale = stale_beat(row)
+    return "alive" if stale is None else f"alive, heartbeat stale {stale:.1f} s: stopped or hung?"
+
+
+def pace(row: dict[str, Any]) -> str:
+    hz = row.get("pace_hz")
+    return "-" if hz is None else f"{hz:g} Hz" if hz else "unpaced"
 
 
 def _rings(args: argparse.Namespace) -> int:
@@ -121,18 +175,20 @@ def render_list(rows: list[dict[str, Any]]) -> str:
         return "no rte daemons of this user (start one: rte serve --name NAME)"
     lines = [
         f"{'NAME':<24}{'PID':>8}  {'STATUS':<8}{'UPTIME':>8}{'BEAT':>8}  "
-        f"{'MODEL':<12}{'SESSIONS':>10}{'CLIENTS':>8}"
+        f"{'MODEL':<12}{'PACE':>9}{'SESSIONS':>10}{'CLIENTS':>8}"
     ]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['name']:<24}  unreadable: {r['error']}")
             continue
-        status = "alive" if r["alive"] else "DEAD"
+        stale = stale_beat(r) is not None
         lines.append(
-            f"{r['name']:<24}{r['pid']:>8}  {status:<8}{_age(r['uptime_s']):>8}"
-            f"{_age(r['heartbeat_age_s']):>8}  {r['model']:<12}"
-            f"{r['sessions']:>5}/{r['max_sessions']:<4}{r['clients']:>8}"
+            f"{r['name']:<24}{r['pid']:>8}  {'STALE' if stale else status(r):<8}"
+            f"{_age(r['uptime_s']):>8}{_age(r['heartbeat_age_s']):>8}  {r['model']:<12}"
+            f"{pace(r):>9}{r['sessions']:>5}/{r['max_sessions']:<4}{r['clients']:>8}"
         )
+        if stale:
+            lines.append(f"  {status(r)}")
         if r["remove"]:
             lines.append(f"  stale leftovers; remove with: {r['remove']}")
     return "\n".join(lines)
@@ -221,10 +277,11 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
     before = {c["index"]: c for c in previous["clients"]} if previous else {}
     lines = [
-        f"daemon {snap['name']}  pid {s.get('pid')}  {'alive' if s.get('alive') else 'DEAD'}  "
+        f"daemon {snap['name']}  pid {s.get('pid')}  {status(s)}  "
         f"state {s.get('state') if s.get('alive') else 'DEAD'}  uptime {_age(s.get('uptime_s'))}  "
         f"heartbeat {_age(s.get('heartbeat_age_s'))} ago",
-        f"model {m['model']}  sessions {s.get('sessions')}/{m['max_sessions']}  chunk "
+        f"model {m['model']}  pace {pace(s)}  "
+        f"sessions {s.get('sessions')}/{m['max_sessions']}  chunk "
         f"{m['latent_dtype']}{list(m['latent_shape'])}  "
         f"pipeline depth {m['pipeline_depth_chunks']}  "
         f"input latency {m['input_latency_chunks']} chunk(s)",

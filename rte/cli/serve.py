@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rte.client import members_of
+from rte.client.daemon import live_pid
 from rte.errors import ConfigurationError
+from rte.ipc.names import DaemonNames
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
 from rte.ipc.supervisor import Child, supervise
@@ -82,7 +85,7 @@ OPTIONS = (
         int,
         DEFAULT_CREDITS,
         "chunks a session may have emitted and not released before it waits for its "
-        f"client (default {DEFAULT_CREDITS}; a client may ask for others per attach)",
+        "client (a client may ask for others per attach)",
     ),
     Option("pace-hz", float, 0.0, "steps per second (0: flat out)"),
     Option(
@@ -237,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         replicas, devices = values.pop("replicas"), values.pop("devices")
         settings = Settings(**values)
         children = _children(values, replicas, devices, level)
+        _one_name_one_kind(settings.name, pool=bool(children))
     except ConfigurationError as exc:
         print(f"rte serve: {exc}", file=sys.stderr)
         return 2
@@ -248,6 +252,22 @@ def run(args: argparse.Namespace) -> int:
     if children:
         return supervise(children, lambda line: print(f"rte serve: {line}", file=sys.stderr))
     return run_from_command_line(settings)
+
+
+def _one_name_one_kind(name: str, pool: bool) -> None:
+    """A pool NAME (NAME-0 ...) beside a daemon NAME, or the other way round, is
+    refused: ``connect("NAME")`` would find the single daemon alone."""
+    if pool and (pid := live_pid(DaemonNames(name))):
+        raise ConfigurationError(
+            f"a daemon named {name!r} runs (pid {pid}): connect({name!r}) would find it, "
+            "not this pool; stop it, or give the pool another --name"
+        )
+    members = [m for m in members_of(name) if live_pid(DaemonNames(m))]
+    if not pool and members:
+        raise ConfigurationError(
+            f"a pool named {name!r} runs ({', '.join(members)}): connect({name!r}) finds "
+            "that pool; stop its supervisor, or give this daemon another --name"
+        )
 
 
 def _children(

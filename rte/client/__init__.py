@@ -73,8 +73,13 @@ def replicas_of(name: str) -> list[str]:
     """``NAME-0``, ``NAME-1``... when there is no daemon ``NAME`` but those exist
     (``rte serve --name NAME --replicas N`` runs them)."""
     present = {n.daemon for n in DaemonNames.present()}
-    if name in present:
-        return []
+    return [] if name in present else members_of(name, present)
+
+
+def members_of(name: str, present: set[str] | None = None) -> list[str]:
+    """The daemons ``NAME-0``, ``NAME-1``... that have a control segment, in order."""
+    if present is None:
+        present = {n.daemon for n in DaemonNames.present()}
     found = [d for d in present if re.fullmatch(re.escape(name) + r"-\d+", d)]
     return sorted(found, key=lambda d: int(d.rpartition("-")[2]))
 

@@ -47,7 +47,7 @@ def open_control(names: DaemonNames, deadline: float, *, wait: bool = True) -> S
     """
     while True:
         try:
-            segment = Segment.open(names.control, kind=KIND_CONTROL)
+            segment = Segment.open(names.control, kind=KIND_CONTROL, readonly=True)
             if segment.creator_alive():
                 return segment
             segment.close()  # a dead daemon's leftovers: a new one may be replacing them
@@ -60,8 +60,10 @@ def open_control(names: DaemonNames, deadline: float, *, wait: bool = True) -> S
         except SegmentVersionError as exc:  # waiting will not help
             raise EngineGone(str(exc)) from None
         except SegmentNotFoundError:
-            problem = f"no daemon named {names.daemon!r}{running_ones()}; start one with: " + (
-                f"rte serve --name {names.daemon} (or pass a timeout to wait for one)"
+            problem = (
+                f"no daemon named {names.daemon!r}{' came up in time' if wait else ''}"
+                f"{running_ones()}; start one with: rte serve --name {names.daemon}"
+                + ("" if wait else " (or give a timeout to wait for one)")
             )
             final = not wait
         except ForeignSegmentError as exc:  # or still being written by a daemon starting
@@ -76,16 +78,17 @@ def open_control(names: DaemonNames, deadline: float, *, wait: bool = True) -> S
 def running_ones() -> str:
     """`` (running: a, b)``, the daemons of this user with a control segment, or
     `` (none is running)``: for an error about a name that is not one of them."""
-    present = [n.daemon for n in DaemonNames.present() if _alive(n)]
+    present = [n.daemon for n in DaemonNames.present() if live_pid(n)]
     return f" (running: {', '.join(present)})" if present else " (none is running)"
 
 
-def _alive(names: DaemonNames) -> bool:
+def live_pid(names: DaemonNames) -> int | None:
+    """The pid of the live daemon of these names; None when there is none."""
     try:
         segment = Segment.open(names.control, kind=KIND_CONTROL, readonly=True)
     except ShmError:
-        return False
+        return None
     try:
-        return segment.creator_alive()
+        return segment.creator_pid if segment.creator_alive() else None
     finally:
         segment.close()

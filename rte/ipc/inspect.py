@@ -78,6 +78,7 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
 def delivery_us(counts: list[int], before: list[int] | None = None) -> list[float]:
     """p50 and p99 in µs of a delivery histogram (of what was added since
     ``before``, when given: the recent deliveries); [] when there were none."""
+        "pace_hz": control.realtime()["pace_hz"],  # 0: unpaced
     now = np.asarray(counts, np.int64)
     if before is not None:
         now = now - np.asarray(before, np.int64)

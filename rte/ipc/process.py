@@ -108,10 +108,13 @@ def serve(
         shared.control.set_state(DaemonState.READY)
         worker.start()
         if ready is not None:
-            m = model.manifest()
+            m = shared.control.manifest()  # what clients see: rows of every engine
+            rows = f" (--engines {settings.engines} x --max-sessions {manifest.max_sessions})"
+            pace = f"{settings.pace_hz:g}Hz" if settings.pace_hz else "unpaced"
             ready(
                 f"ready name={names.daemon} pid={os.getpid()} model={m.model} "
-                f"max_sessions={m.max_sessions} max_clients={settings.max_clients} "
+                f"max_sessions={m.max_sessions}{rows if settings.engines > 1 else ''} "
+                f"pace={pace} max_clients={settings.max_clients} "
                 f"lanes={core.engine.lanes.kind} device={core.engine.lanes.device} "
                 f"slab_pinned={pinned}{metrics}"
             )

@@ -4,7 +4,8 @@
 
 Clients reach them one by one by name, or as one pool: ``connect("NAME")``
 finds ``NAME-*`` (:class:`rte.client.PoolClient`). The supervisor forwards each
-child's log lines, prefixed with its name; says ``ready`` once every child is;
+child's log lines, prefixed with its name; says ``ready`` once every child is,
+its own pid first (the one to stop: a child killed alone is restarted);
 restarts a child that dies after it was ready, with backoff (1 s, doubling to
 30 s; back to 1 s once a child has lived a minute) and says so; gives up at
 once, stopping the others, on a child that exits before it was ready (its
@@ -89,13 +90,22 @@ def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
                 child.start()
             code = _until_ready(children, stopping)
             if code is None:
-                pids = ",".join(str(c.process.pid) for c in children if c.process)
-                ready(f"ready children={','.join(c.name for c in children)} pids={pids}")
+                ready(ready_line(children))
                 _watch(children, stopping)
                 code = 0
             return code
         finally:
             _stop_all(children)
+
+
+def ready_line(children: list[Child]) -> str:
+    """The supervisor's own pid first (the one to signal: a child killed alone is
+    restarted), then its children and theirs."""
+    me, pids = os.getpid(), ",".join(str(c.process.pid) for c in children if c.process)
+    return (
+        f"ready pid={me} children={','.join(c.name for c in children)} child_pids={pids} "
+        f"(to stop them all: kill {me}; a child killed alone is restarted)"
+    )
 
 
 def _until_ready(children: list[Child], stopping: threading.Event) -> int | None:
