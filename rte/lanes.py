@@ -188,6 +188,8 @@ class StreamBackend(Protocol):
 
     def output_allocator(self, manifest: Any) -> Any: ...
 
+    def close(self) -> None: ...
+
 
 class LanesFault(RuntimeError):
     """The device failed and stays failed (a sticky CUDA error): nothing more can
@@ -298,6 +300,8 @@ class CudaLanes(Lanes):
             if self._encoder is not None:
                 self._encoder.shutdown(wait=True)
                 self._encoder = None
+            self._streams.clear()
+            self.backend.close()
 
 
 class _EventCompletion:

@@ -159,6 +159,9 @@ class SimCuda:
         """The heap's: host memory is all there is."""
         return None
 
+    def close(self) -> None:
+        """Streams are Python objects here: nothing to destroy."""
+
     # -- the machinery -----------------------------------------------------------
 
     def _new(self, lane: str) -> SimStream:

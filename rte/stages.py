@@ -51,6 +51,9 @@ class Batch:
     # ``strides[0]`` bytes apart, every byte between them the batch's: a slab run), or
     # by the engine when the rows lie end to end
     out_block: np.ndarray[Any, Any] | None = None
+    # ``out`` as several such runs when it is not one (a batch of several clients'
+    # sessions, one run per client): (positions in the batch, the run or None)
+    out_spans: list[tuple[list[int], np.ndarray[Any, Any] | None]] | None = None
     generated_ns: int = 0
     ready: object = None  # a lane marker set after HOT; DEFERRED waits for it
     source: tuple[Batch, list[int]] | None = None  # a subset's whole batch and positions
@@ -308,7 +311,7 @@ class InFlight:
 
     def allocate(self, batch: Batch) -> None:
         """Fill ``batch.out`` from the allocator; the buffers count as not yet emitted."""
-        batch.out_block = None
+        batch.out_block = batch.out_spans = None
         buffers = self.allocator.allocate(batch)
         self._unemitted.append((batch, buffers))
         if len(buffers) != len(batch.rows):

@@ -1,4 +1,4 @@
-"""Slab: fixed-size, page-aligned slots in shared memory, written once, read in place.
+"""Slab: fixed-size slots in shared memory, written once, read in place.
 
 Loans manage themselves, as iceoryx2's (``loan`` -> write -> ``send``). The
 writer takes a free slot for an owner with :meth:`Slab.loan` and gets a
@@ -15,7 +15,10 @@ Each slot's state word (free / writing / ready) carries a generation that every
 publish, abort and release must name, so a stale one is refused instead of
 freeing a slot that was reused. Owners have quotas, so a reader that holds all
 its slots stalls only itself; :meth:`Slab.reclaim` frees a dead owner's slots
-in one call. Counters live in the slab's header, for inspectors. The C returns
+in one call. Counters live in the slab's header, for inspectors. The slots
+begin on a page and are :data:`SLOT_ALIGN` bytes apart (a multiple of it), not
+a page: a 3 KiB frame moves in 3 KiB, not 4, so a step's run of frames is one
+dense device-to-host copy at the link's full rate. The C returns
 ``enum shm_status`` codes; :func:`~shm.errors.check_rc` turns a refusal into its
 exception, with a message built here that says which slot and whose.
 
@@ -52,6 +55,12 @@ __all__ = ["Loan", "Sample", "Slab"]
 _RANGE = int(lib.SHM_SLAB_RANGE)
 _STALE = int(lib.SHM_SLAB_STALE)
 _new_tuple = tuple.__new__  # makes a SlotRef at half the cost of calling the class
+SLOT_ALIGN = 512  # what DMA engines and vector readers want; a page would waste up to 4 KiB
+
+
+def slot_align(n: int) -> int:
+    """``n`` bytes rounded up to a whole number of :data:`SLOT_ALIGN`."""
+    return (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
 
 
 class Slab:
@@ -113,7 +122,7 @@ class Slab:
     def footprint(offset: int, slots: int, slot_bytes: int, max_owners: int) -> int:
         """Bytes from ``offset`` to the end of such a slab (metadata, alignment, slots)."""
         meta = int(lib.shm_slab_meta_size(slots, max_owners))
-        return page_align(offset + meta) - offset + slots * page_align(slot_bytes)
+        return page_align(offset + meta) - offset + slots * slot_align(slot_bytes)
 
     @classmethod
     def create(
@@ -126,7 +135,8 @@ class Slab:
         max_owners: int,
         quota: int = 0,
     ) -> Slab:
-        """Lay out ``slots`` free slots of at least ``slot_bytes`` each (page-rounded).
+        """Lay out ``slots`` free slots of at least ``slot_bytes`` each (a multiple of
+        :data:`SLOT_ALIGN`).
 
         ``quota`` is the most slots one owner may hold (0: no limit but the slab's).
         """
@@ -139,7 +149,7 @@ class Slab:
             raise ValueError(f"slab of {slots} x {slot_bytes} B at {offset} does not fit")
         check_rc(
             lib.shm_slab_init(
-                segment.ptr(offset), slots, max_owners, page_align(slot_bytes), quota
+                segment.ptr(offset), slots, max_owners, slot_align(slot_bytes), quota
             ),
             f"creating a slab of {slots} x {slot_bytes} B for {max_owners} owners "
             f"in {segment.name}",

@@ -1,16 +1,61 @@
+"""Fixtures every suite shares, and collection where the transport cannot load.
+
+On a machine without shm's dependencies (posix_ipc, cffi's backend, the compiled
+module: a device box before ``tools/gpu_run.sh`` installs them) the suite still
+collects: a test module that needs them is skipped with the reason, and so is
+every test that asks for ``shm_prefix``; the rest run.
+"""
+
 from __future__ import annotations
 
 import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from probe_model import ProbeModel, make_engine
 from rte import ComposedEngine
 from rte.simcuda import HAZARDS
-from shm.names import objects, shm_name, unlink_objects
+
+
+def _transport_missing() -> str | None:
+    """Why shm cannot load here (a missing dependency), or None when it can."""
+    try:
+        import shm.names  # noqa: PLC0415 (imports posix_ipc)
+        import shm.native  # noqa: F401, PLC0415 (the compiled module, through cffi)
+    except ImportError as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+        return (
+            f"the shared-memory transport cannot load here ({cause}): install the "
+            "project's dependencies (pip install -e .; on a device box tools/gpu_run.sh)"
+        )
+    return None
+
+
+TRANSPORT_MISSING = _transport_missing()
+
+
+class _TransportModule(pytest.Module):
+    """A test module that is skipped, with the reason, when it needs the transport
+    and the transport cannot load (instead of an error at collection)."""
+
+    def collect(self) -> Any:
+        try:
+            return super().collect()
+        except self.CollectError:
+            if TRANSPORT_MISSING is None:
+                raise
+            pytest.skip(TRANSPORT_MISSING)
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> Any:
+    if TRANSPORT_MISSING is None:
+        return None  # the default collection
+    return _TransportModule.from_parent(parent, path=module_path)
 
 
 @pytest.fixture
@@ -31,6 +76,10 @@ def shm_prefix() -> Iterator[str]:
     removed all the same, so parallel runs never collide and nothing stays.
     A test that kills a daemon on purpose removes its leftovers itself.
     """
+    if TRANSPORT_MISSING is not None:
+        pytest.skip(TRANSPORT_MISSING)
+    from shm.names import shm_name, unlink_objects  # noqa: PLC0415 (needs posix_ipc)
+
     prefix = f"t{os.getpid()}x{uuid.uuid4().hex[:10]}"
     yield prefix
     left = unlink_objects(shm_name(prefix))
@@ -41,6 +90,10 @@ def shm_prefix() -> Iterator[str]:
 def nothing_left_in_dev_shm() -> Iterator[None]:
     """After the whole suite, no segment of this run may remain."""
     yield
+    if TRANSPORT_MISSING is not None:
+        return  # nothing could have made one
+    from shm.names import objects, shm_name  # noqa: PLC0415 (needs posix_ipc)
+
     left = objects(shm_name(f"t{os.getpid()}x"))
     assert not left, f"tests left shared memory behind: {left}"
 

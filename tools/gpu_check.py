@@ -1,33 +1,43 @@
 """Every GPU check in one run, as JSON: the acceptance test of the GPU path.
 
-    python -m tools.gpu_check --out gpu.json
+    python -m tools.gpu_check --isolate --budget 520 --out gpu.json   # what tools/gpu_run.sh runs
 
-Each section runs in turn, bounded in time, and reports even when another
-failed (its error is its result); ``--out`` is rewritten after every section,
-so a run cut short still leaves what it measured. The sections:
+The sections, in order of value (:data:`ORDER`), each with a threshold from the
+GPU goals (:mod:`tools.gpu_verdicts`, where the verdicts are drawn):
 
-1. ``suite``: the whole test suite on this machine (not only ``-m gpu``);
-2. ``daemon``: ``rte serve --model torch --device cuda:0`` serving a client in
-   this (another) process: the slab pinned, frames within tolerance of the CPU;
-3. ``pinned_copy``: a slab view is ``is_pinned()``, a device-to-slab copy
-   returns before it completes, pinned against pageable bandwidth (sized to
-   what ``/dev/shm`` has free: Docker gives it 64 MiB);
-4. ``sync_free``: the steady-state step under ``set_sync_debug_mode("error")``;
-5. ``overlap``: HOT/DEFERRED overlap from the profiler's kernel intervals per
-   stream, and the pipelined step against HOT and DEFERRED alone;
-6. ``rates``: step p50/p99 and chunks/s at 1, 8, 64 sessions, with and
-   without CUDA graphs;
-7. ``solo_vs_batched``: a session's frames solo and in a batch of 8, within
-   ``TOLERANCE`` levels (cuBLAS is not bit-identical across batch sizes).
+1. ``pinned_copy``: a slab view is ``is_pinned()``, a device-to-slab copy
+   returns before it completes, and its bandwidth is >= 80% of a
+   ``cudaHostAlloc`` buffer's, at a step's size and at a large one;
+2. ``daemon``: ``rte serve --model torch --device cuda:0``, two clients with a
+   session each, moving: the slab pinned, frames identical to the same model
+   in process on the GPU, within 2 levels of the CPU;
+3. ``sync_free``: 20 steady steps under ``set_sync_debug_mode("error")`` with
+   graphs: heap outputs, the slab's layout with two clients in one batch, an
+   encode in flight, attach/detach; the graphs replayed, and every profiled
+   device-to-host copy Device -> Pinned;
+4. ``solo_vs_batched``: three moving sessions alone and in a batch of 8: 0 levels;
+5. ``stretched``: each lane slowed by ``torch.cuda._sleep``: frames identical;
+6. ``overlap``: at 8 and 64 sessions, graphs on, a step <= 1.1 x max(HOT
+   alone, DEFERRED alone) (each alone: the same engine with the other lane's
+   work removed); the profiler's per-stream overlap as a figure;
+7. ``rates``: step p50/p99, the host's share (t_host) and chunks/s at 1, 8, 64
+   sessions, graphs off and on; a graph that failed fails it;
+8. ``world``: the learned world in torch on CUDA within 1 level of NumPy's, and
+   the larger (untrained) configuration's step times;
+9. ``suite``: the gpu-marked tests, then the rest, bounded by what is left.
 
-Without CUDA it prints ``{"cuda": false}`` and exits 0. ``--simulate`` runs
-the same sections on the CPU with the simulated CUDA lanes (what the tests
-do); the sections that need a GPU say so instead.
+``--isolate`` runs each section in a process of its own with its own timeout
+(:data:`TIMEOUT_S`, and never past ``--budget``), so a hang or a sticky CUDA
+error costs one section; ``--out`` is rewritten after each. Without CUDA it
+prints ``{"cuda": false}`` and exits 0. ``--simulate`` runs the sections on the
+CPU with the simulated CUDA lanes (what the tests do); those that need a GPU
+say so instead. ``--summary FILE`` prints a short table of a run's results.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -35,35 +45,42 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tools import gpu_trace
-
-TOLERANCE = 2  # uint8 levels a frame may differ by between devices or batch sizes
 SHM = "/dev/shm"
+ORDER = [
+    *("pinned_copy", "daemon", "sync_free", "solo_vs_batched", "stretched"),
+    *("overlap", "rates", "world", "suite"),
+]
+TIMEOUT_S = {
+    **{"pinned_copy": 45, "daemon": 100, "sync_free": 75, "solo_vs_batched": 60},
+    **{"stretched": 60, "overlap": 60, "rates": 60, "world": 60, "suite": 300},
+}
+LEAST_SUITE_S = 30  # the suite starts only with this much budget left
 
 
 class Check:
     """Where the sections run: a CUDA device, or the CPU on simulated lanes."""
 
-    def __init__(self, torch: Any, *, simulate: bool) -> None:
+    def __init__(self, torch: Any, *, simulate: bool, budget_s: float = 300.0) -> None:
         self.torch = torch
         self.simulate = simulate
         self.device = "cpu" if simulate else "cuda:0"
         self.lanes = "sim" if simulate else "auto"
         self.cuda = not simulate
+        self.budget_s = budget_s  # what the section may take (the suite reads it)
 
-    def engine(self, sessions: int, *, graphs: bool | None = None) -> Any:
-        """An engine over the world model with ``sessions`` attached, warmed up (its
-        model is ``engine.model``)."""
+    def engine(self, sessions: int, *, graphs: bool | None = None, model: Any = None) -> Any:
+        """An engine over the world model (or ``model``) with ``sessions`` attached,
+        warmed up (its model is ``engine.model``)."""
         from rte import ComposedEngine  # noqa: PLC0415
         from rte.models.world import TorchWorldModel  # noqa: PLC0415
 
-        model = TorchWorldModel(sessions, device=self.device, graphs=graphs)
+        model = model or TorchWorldModel(sessions, device=self.device, graphs=graphs)
         engine = ComposedEngine(model, lanes=self.lanes)  # on CUDA: pinned outputs
         engine.model = model  # type: ignore[attr-defined]
         for i in range(sessions):
@@ -72,9 +89,119 @@ class Check:
             engine.step(sessions_of(engine))
         return engine
 
+    @contextlib.contextmanager
+    def slab_engine(self, sessions: int, *, slab: bool) -> Iterator[Any]:
+        """An engine whose outputs are slots of a pinned slab (``slab``), its sessions
+        alternating between two owners, with slots wider than a frame (the padded
+        copy): the daemon's layout, in process; else the engine's own outputs."""
+        from rte import ComposedEngine  # noqa: PLC0415
+        from rte.ipc.allocator import SlabAllocator  # noqa: PLC0415
+        from rte.models.world import TorchWorldModel  # noqa: PLC0415
+        from shm import Segment, Slab, shm_name  # noqa: PLC0415
+        from shm.segment import HEADER_SIZE  # noqa: PLC0415
+
+        model = TorchWorldModel(sessions, device=self.device)
+        if not slab:
+            engine = self.engine(sessions, model=model)
+            try:
+                yield engine
+            finally:
+                engine.close()
+            return
+        frame = int(np.prod(model.frame_shape))
+        slots, owners = 8 * sessions, 2
+        size = HEADER_SIZE + Slab.footprint(HEADER_SIZE, slots, frame + 256, owners)
+        segment = Segment.create(shm_name(f"gpucheck{uuid.uuid4().hex[:8]}", "slab"), size)
+        try:
+            store = Slab.create(
+                segment, HEADER_SIZE, slots=slots, slot_bytes=frame + 256, max_owners=owners
+            )
+            store.pin()
+            owner: list[Any] = [_Owner(0), _Owner(1)]  # clients as the allocator sees them
+            allocator = SlabAllocator(store, model.manifest(), lambda s: owner[int(s[1:]) % 2])
+            engine = ComposedEngine(model, lanes=self.lanes, allocator=allocator)
+            engine.model = model  # type: ignore[attr-defined]
+            try:
+                for i in range(sessions):
+                    engine.attach(f"s{i}", {"prompt": f"world {i}"})
+                for _ in range(10):
+                    engine.step(sessions_of(engine))
+                    _give_back(allocator)
+                yield _Releasing(engine, allocator)
+            finally:
+                engine.close()
+                _give_back(allocator)
+                store.unpin()
+        finally:
+            segment.close()
+            segment.unlink()
+
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
+
+
+class _Owner:
+    """A client as the allocator sees one: its slot owner index."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _give_back(allocator: Any) -> None:
+    """Give back the slots a step leased (their copies are complete: the step
+    published), as a daemon's clients release what they read."""
+    for lease in allocator.take():
+        lease.loan.abort()
+
+
+class _Releasing:
+    """An engine whose every step gives its slab leases back (as clients would)."""
+
+    def __init__(self, engine: Any, allocator: Any) -> None:
+        self._engine, self._allocator = engine, allocator
+        self.model = engine.model
+
+    def step(self, *args: Any) -> Any:
+        out = self._engine.step(*args)
+        _give_back(self._allocator)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def run_engine(
+    check: Check,
+    device: str,
+    sessions: dict[str, dict[str, Any]],
+    *,
+    steps: int,
+    max_sessions: int = 8,
+    lanes: str | None = None,
+    change_at: int | None = None,
+    stretch: dict[Any, int] | None = None,
+) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
+    """The frames of ``sessions`` (name -> conditioning at attach) over ``steps``
+    steps of a fresh engine on ``device``; at ``change_at`` the first changes its
+    prompt (an encode); ``stretch``: cycles each lane sleeps before each stage."""
+    from rte import Action, ComposedEngine  # noqa: PLC0415
+    from rte.models.world import TorchWorldModel  # noqa: PLC0415
+
+    model = TorchWorldModel(max_sessions, device=device)
+    engine = ComposedEngine(model, lanes=lanes or check.lanes)
+    if stretch:
+        engine.lanes.backend.stretch = stretch  # type: ignore[attr-defined]
+    names = list(sessions)
+    for name, conditioning in sessions.items():
+        engine.attach(name, conditioning)
+    out: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
+    for i in range(steps):
+        actions = {names[0]: Action({"prompt": "changed"})} if i == change_at else {}
+        out.update(frames(engine.step(names, actions)))
+    out.update(frames(engine.finalize()))
+    engine.close()
+    return out
 
 
 def sessions_of(engine: Any) -> list[str]:
@@ -82,7 +209,8 @@ def sessions_of(engine: Any) -> list[str]:
 
 
 def frames(results: list[Any]) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
-    return {(r.session, r.chunk): r.latent.copy() for r in results if r.has_chunk}
+    """Each chunk's frame by (session, chunk), copied (results may be reused views)."""
+    return {(r.session, r.chunk): np.array(r.latent) for r in results if r.has_chunk}
 
 
 def worst_difference(a: dict[Any, Any], b: dict[Any, Any]) -> tuple[int, int]:
@@ -90,65 +218,6 @@ def worst_difference(a: dict[Any, Any], b: dict[Any, Any]) -> tuple[int, int]:
     shared = sorted(set(a) & set(b))
     worst = max((int(np.abs(a[k].astype(int) - b[k].astype(int)).max()) for k in shared), default=0)
     return worst, len(shared)
-
-
-# -- the sections ----------------------------------------------------------------
-
-
-def suite(check: Check) -> dict[str, Any]:
-    args = ["tests/test_wire.py"] if check.simulate else []
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = done.stdout.strip().splitlines()
-    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return {"ok": done.returncode == 0, "summary": lines[-1:], "failed": failed[:20]}
-
-
-def daemon(check: Check) -> dict[str, Any]:
-    from rte.client import connect  # noqa: PLC0415
-    from rte.ipc.childlog import child_log  # noqa: PLC0415
-    from rte.ipc.childlog import said as read_log  # noqa: PLC0415
-    from rte.models.world import TorchWorldModel  # noqa: PLC0415
-
-    name = f"gpucheck{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", "torch"]
-    command += ["--device", check.device, "--max-sessions", "2"]
-    env = {**os.environ, "RTE_LANES": "sim"} if check.simulate else None
-    log = child_log()  # closed below
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
-    served: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
-    try:
-        with connect(name, timeout=120) as client:
-            client.attach("a", {"prompt": "a lit world"})
-            deadline = time.monotonic() + 60
-            while len(served) < 6 and time.monotonic() < deadline:
-                chunk = client.poll(timeout=5)
-                if chunk is not None:
-                    with chunk:
-                        served[("a", chunk.chunk)] = chunk.latent.copy()
-    finally:
-        process.terminate()
-        process.wait(60)
-        said = read_log(log)
-        log.close()
-    from rte import ComposedEngine  # noqa: PLC0415
-
-    reference = ComposedEngine(TorchWorldModel(2, device="cpu"), lanes="cpu")
-    reference.attach("a", {"prompt": "a lit world"})
-    cpu: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
-    for _ in range(10):
-        cpu.update(frames(reference.step(["a"])))
-    reference.close()
-    worst, shared = worst_difference(served, cpu)
-    pinned = "slab_pinned=True" in said
-    ready = next((line for line in said.splitlines() if " ready " in line), "")
-    ok = shared >= 5 and worst <= TOLERANCE and (pinned or check.simulate)
-    return {"ok": ok, "ready": ready, "slab_pinned": pinned, "frames": shared, "worst": worst}
 
 
 def shm_budget(path: str = SHM, most: int = 256 << 20, least: int = 8 << 20) -> int:
@@ -159,178 +228,46 @@ def shm_budget(path: str = SHM, most: int = 256 << 20, least: int = 8 << 20) -> 
     return max(least, min(most, free // 4)) // (1 << 20) * (1 << 20)
 
 
-def pinned_copy(check: Check) -> dict[str, Any]:
-    from shm import Segment, Slab, shm_name  # noqa: PLC0415
-    from shm.segment import HEADER_SIZE  # noqa: PLC0415
+def _section(module: str, name: str) -> Callable[[Check], dict[str, Any]]:
+    def section(check: Check) -> dict[str, Any]:
+        import importlib  # noqa: PLC0415 (the sections import this module)
 
-    torch, nbytes = check.torch, shm_budget()
-    if not check.cuda:
-        return {"ok": True, "skipped": "needs CUDA", "bytes": nbytes}
-    name = shm_name(f"gpucheck{uuid.uuid4().hex[:8]}", "slab")
-    segment = Segment.create(name, HEADER_SIZE + Slab.footprint(HEADER_SIZE, 1, nbytes, 1))
-    try:
-        slab = Slab.create(segment, HEADER_SIZE, slots=1, slot_bytes=nbytes, max_owners=1)
-        pinned = slab.pin()
-        try:
-            with slab.loan(0, np.uint8, (nbytes,)) as loan:  # never published: aborted
-                target = torch.from_numpy(loan.array)
-                source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                target.copy_(source, non_blocking=True)
-                returned_s = time.perf_counter() - t0
-                done = torch.cuda.Event()
-                done.record()
-                pending = not done.query()
-                done.synchronize()
-                copy_s = time.perf_counter() - t0
-                pageable = torch.from_numpy(np.empty(nbytes, np.uint8))
-                slab_s = _timed(lambda: target.copy_(source, non_blocking=True), check)
-                page_s = _timed(lambda: pageable.copy_(source, non_blocking=True), check)
-                is_pinned = bool(target.is_pinned())
-        finally:
-            slab.unpin()
-    finally:
-        segment.close()
-        segment.unlink()
-    return {
-        "ok": pinned and is_pinned and pending,
-        "bytes": nbytes,
-        "slab_pinned": pinned,
-        "view_is_pinned": is_pinned,
-        "copy_returned_before_done": pending,
-        "call_us": returned_s * 1e6,
-        "copy_us": copy_s * 1e6,
-        "pinned_gb_s": nbytes / slab_s / 1e9,
-        "pageable_gb_s": nbytes / page_s / 1e9,
-    }
+        measure: Callable[[Check], dict[str, Any]] = getattr(importlib.import_module(module), name)
+        return measure(check)
+
+    section.__name__ = name
+    return section
 
 
-def _timed(fn: Callable[[], object], check: Check, repeat: int = 10) -> float:
-    times = []
-    for _ in range(repeat):
-        check.sync()
-        t0 = time.perf_counter()
-        fn()
-        check.sync()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def sync_free(check: Check) -> dict[str, Any]:
-    if not check.cuda:
-        return {"ok": True, "skipped": "needs CUDA"}
-    out = {}
-    for graphs in (False, True):
-        engine = check.engine(8, graphs=graphs)
-        names = sessions_of(engine)
-        check.torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(20):
-                engine.step(names)
-        finally:
-            check.torch.cuda.set_sync_debug_mode("default")
-            engine.close()
-        out["graphs" if graphs else "eager"] = "no host sync in 20 steps"
-    return {"ok": True, **out}
-
-
-def overlap(check: Check) -> dict[str, Any]:
-    if not check.cuda:
-        return {"ok": True, "skipped": "needs CUDA kernels"}
-    torch = check.torch
-    engine = check.engine(64, graphs=False)
-    names = sessions_of(engine)
-    with tempfile.TemporaryDirectory() as folder:
-        trace = Path(folder) / "trace.json"
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(20):
-                engine.step(names)
-            torch.cuda.synchronize()
-        prof.export_chrome_trace(str(trace))
-        streams = gpu_trace.load(trace)
-    piped = _timed(lambda: engine.step(names), check, 20)
-    engine.close()
-    busiest = sorted(streams, key=lambda s: gpu_trace.busy(streams[s]), reverse=True)[:2]
-    both = gpu_trace.overlap(*(streams[s] for s in busiest)) if len(busiest) == 2 else 0.0
-    least = min((gpu_trace.busy(streams[s]) for s in busiest), default=0.0)
-    return {
-        "ok": len(busiest) == 2 and both > 0,
-        "busy_us_by_stream": {str(s): gpu_trace.busy(v) for s, v in streams.items()},
-        "overlap_us": both,
-        "overlap_of_the_lesser": both / least if least else 0.0,
-        "pipelined_step_ms": piped * 1e3,
-    }
-
-
-def rates(check: Check, seconds: float = 1.5) -> dict[str, Any]:
-    rows = []
-    for graphs in (False, True):
-        for n in (1, 8, 64):
-            engine = check.engine(n, graphs=graphs)
-            names, steps, chunks = sessions_of(engine), [], 0
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                s0 = time.perf_counter()
-                chunks += sum(r.has_chunk for r in engine.step(names))
-                steps.append(time.perf_counter() - s0)
-            elapsed = time.perf_counter() - t0
-            model = engine.model
-            used = bool(model.graphs) and model.hot_graphs.failed is None
-            engine.close()
-            rows.append(
-                {
-                    "sessions": n,
-                    "graphs": used,
-                    "graph_failure": model.hot_graphs.failed or model.decode_graphs.failed,
-                    "step_p50_ms": float(np.percentile(steps, 50)) * 1e3,
-                    "step_p99_ms": float(np.percentile(steps, 99)) * 1e3,
-                    "chunks_per_s": chunks / elapsed,
-                }
-            )
-    return {"ok": True, "rows": rows}
-
-
-def solo_vs_batched(check: Check) -> dict[str, Any]:
-    from rte import ComposedEngine  # noqa: PLC0415
-    from rte.models.world import TorchWorldModel  # noqa: PLC0415
-
-    def run(sessions: int) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
-        engine = ComposedEngine(TorchWorldModel(8, device=check.device), lanes=check.lanes)
-        for i in range(sessions):
-            engine.attach(f"s{i}", {"prompt": f"world {i}"})
-        out: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
-        for _ in range(8):
-            out.update(frames(engine.step([f"s{i}" for i in range(sessions)])))
-        engine.close()
-        return {k: v for k, v in out.items() if k[0] == "s0"}
-
-    worst, shared = worst_difference(run(1), run(8))
-    return {"ok": shared >= 6 and worst <= TOLERANCE, "frames": shared, "worst": worst}
-
-
+_TIMING = {"overlap", "rates", "world", "suite"}
 SECTIONS: dict[str, Callable[[Check], dict[str, Any]]] = {
-    "suite": suite,
-    "daemon": daemon,
-    "pinned_copy": pinned_copy,
-    "sync_free": sync_free,
-    "overlap": overlap,
-    "rates": rates,
-    "solo_vs_batched": solo_vs_batched,
+    name: _section("tools.gpu_timing" if name in _TIMING else "tools.gpu_sections", name)
+    for name in ORDER
 }
 
 
-def run_sections(check: Check, names: list[str], out: Path | None) -> dict[str, Any]:
-    """Every section, each reported even when another failed; ``out`` kept current."""
+def _header(check: Check) -> dict[str, Any]:
     torch = check.torch
-    result: dict[str, Any] = {
+    return {
         "cuda": check.cuda,
         "simulated": check.simulate,
         "device": torch.cuda.get_device_name(0) if check.cuda else "cpu (simulated lanes)",
         "torch": torch.__version__,
         "sections": {},
     }
+
+
+def _record(result: dict[str, Any], name: str, report: dict[str, Any], out: Path | None) -> None:
+    result["sections"][name] = report
+    result["failed"] = [n for n, r in result["sections"].items() if not r.get("ok")]
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2))
+
+
+def run_sections(check: Check, names: list[str], out: Path | None) -> dict[str, Any]:
+    """Every section in this process, each reported even when another failed; ``out``
+    kept current."""
+    result = _header(check)
     for name in names:
         t0 = time.perf_counter()
         try:
@@ -338,19 +275,76 @@ def run_sections(check: Check, names: list[str], out: Path | None) -> dict[str, 
         except Exception as exc:  # one failing section never loses the others
             report = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         report["seconds"] = round(time.perf_counter() - t0, 2)
-        result["sections"][name] = report
-        result["failed"] = [n for n, r in result["sections"].items() if not r.get("ok")]
-        if out is not None:
-            out.write_text(json.dumps(result, indent=2))
+        _record(result, name, report, out)
     return result
+
+
+def run_isolated(
+    check: Check, names: list[str], out: Path | None, budget_s: float, log: Path | None
+) -> dict[str, Any]:
+    """Each section in a process of its own, bounded by its :data:`TIMEOUT_S` and
+    by what is left of ``budget_s``; a section that cannot start in time is
+    reported as not run (and fails)."""
+    result = _header(check)
+    end = time.monotonic() + budget_s
+    for name in names:
+        left = end - time.monotonic()
+        limit = min(TIMEOUT_S[name], left) if name != "suite" else left
+        if limit < (LEAST_SUITE_S if name == "suite" else 5):
+            _record(result, name, {"ok": False, "error": f"not run: {left:.0f} s left"}, out)
+            continue
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as folder:
+            part = Path(folder) / "section.json"
+            command = [sys.executable, "-m", "tools.gpu_check", "--only", name, "--out", str(part)]
+            command += [
+                "--budget",
+                str(int(limit) - 5),
+                *(["--simulate"] if check.simulate else []),
+            ]
+            sink = log.open("a") if log is not None else subprocess.DEVNULL
+            try:
+                done = subprocess.run(command, stdout=sink, stderr=sink, timeout=limit, check=False)
+                code: int | str = done.returncode
+            except subprocess.TimeoutExpired:
+                code = f"timed out after {limit:.0f} s"
+            finally:
+                if log is not None and not isinstance(sink, int):
+                    sink.close()
+            try:
+                report = json.loads(part.read_text())["sections"][name]
+            except (OSError, ValueError, KeyError):
+                report = {"ok": False, "error": f"the section's process ended ({code}), no report"}
+        report["seconds"] = round(time.perf_counter() - t0, 2)
+        _record(result, name, report, out)
+    return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A short table of a run: each section's verdict, time, and what it missed."""
+    lines = [f"device {result.get('device')}  torch {result.get('torch')}"]
+    for name, report in result.get("sections", {}).items():
+        verdict = "skip" if report.get("skipped") else "ok" if report.get("ok") else "FAIL"
+        lines.append(f"{name:16} {verdict:4} {report.get('seconds', 0):7.1f} s")
+        for why in [*report.get("failed", []), *([report["error"]] if "error" in report else [])]:
+            lines.append(f"    - {str(why)[:200]}")
+    lines.append(f"failed: {result.get('failed', [])}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the JSON here (after each section)")
     parser.add_argument("--simulate", action="store_true", help="on the CPU, simulated lanes")
-    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="these sections")
+    parser.add_argument("--only", nargs="+", choices=ORDER, help="these sections")
+    parser.add_argument("--isolate", action="store_true", help="each section in its own process")
+    parser.add_argument("--budget", type=float, default=520.0, help="seconds for all sections")
+    parser.add_argument("--log", type=Path, help="the sections' output (with --isolate)")
+    parser.add_argument("--summary", type=Path, help="print the table of a run's JSON, and exit")
     args = parser.parse_args(argv)
+    if args.summary is not None:
+        print(summary(json.loads(args.summary.read_text())))
+        return 0
     torch: Any
     try:
         import torch  # noqa: PLC0415
@@ -362,9 +356,13 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(result))
         print(json.dumps(result))
         return 0
-    check = Check(torch, simulate=args.simulate)
-    result = run_sections(check, args.only or list(SECTIONS), args.out)
-    print(json.dumps(result, indent=2))
+    check = Check(torch, simulate=args.simulate, budget_s=args.budget)
+    names = args.only or ORDER
+    if args.isolate:
+        result = run_isolated(check, names, args.out, args.budget, args.log)
+    else:
+        result = run_sections(check, names, args.out)
+    print(summary(result) if args.isolate else json.dumps(result, indent=2))
     return 1 if result["failed"] else 0
 
 

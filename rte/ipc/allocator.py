@@ -5,9 +5,12 @@ hands it (:class:`rte.stages.OutputAllocator`); here a decoded batch's
 buffers are slots of the shared slab, leased per owner (the client a session
 belongs to) in one call each, as one run of adjacent slots when one is free:
 each client's chunks of a step are written once, in place, as one array
-where their reader will look at them. After each step (or finalize) the core
-takes the step's leases (:meth:`SlabAllocator.take`) to publish them and name
-them in one STEP record per client; a failed step's leases are aborted.
+where their reader will look at them: ``batch.out_block`` when the batch is
+one client's, ``batch.out_spans`` (a run per client) when it holds several
+clients' sessions, so a model copies once per client, not once per frame.
+After each step (or finalize) the core takes the step's leases
+(:meth:`SlabAllocator.take`) to publish them and name them in one STEP record
+per client; a failed step's leases are aborted.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class SlabAllocator:
                 by_owner.setdefault(owner.index, (owner, []))[1].append(position)
             groups = list(by_owner.values())
         buffers: list[Any] = [None] * len(owners)
+        spans: list[tuple[list[int], Any]] = []
         try:
             for owner, positions in groups:
                 n = len(owners) if positions is None else len(positions)
@@ -74,6 +78,7 @@ class SlabAllocator:
                 else:
                     for position, row in zip(positions, loan.rows, strict=True):
                         buffers[position] = row
+                    spans.append((positions, loan.block))  # a run (None if scattered)
                     picked_sessions = [sessions[p] for p in positions]
                     picked_chunks = [chunks[p] for p in positions]
                     lease = Lease(owner, loan, picked_sessions, picked_chunks, batch.generated_ns)
@@ -82,6 +87,8 @@ class SlabAllocator:
         except BaseException:
             self.discard(batch, buffers)
             raise
+        if spans:
+            batch.out_spans = spans
         return buffers
 
     def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:

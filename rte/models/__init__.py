@@ -18,12 +18,15 @@ SHORT_NAMES: dict[str, str] = {
     "reference": "rte.models.reference:ReferenceModel",
     "null": "rte.models.null:NullModel",
     "torch": "rte.models.world:TorchWorldModel",  # needs the torch extra
-    "world": "rte.models.learned:LearnedWorldModel",  # trained weights, NumPy
+    # trained weights: NumPy on the CPU (torch never imported), torch on --device cuda
+    "world": "rte.models.choice:learned_world",
+    "world-torch": "rte.models.choice:learned_world_torch",  # the same, torch on any device
 }
 
 # What each short name is, in a few words: what a command that offers them shows.
 DESCRIPTIONS: dict[str, str] = {
-    "world": "trained weights in NumPy, a small world you walk in",
+    "world": "trained weights in NumPy, a small world you walk in (in torch on --device cuda)",
+    "world-torch": "the trained world in torch, on any device (the torch extra)",
     "reference": "deterministic NumPy stages on every lane, untrained: the tests' model",
     "null": "zero-cost stages, for the engine's own overhead",
     "torch": "random weights, untrained: a transformer exercising the lanes, the KV cache "

@@ -46,6 +46,7 @@ from torch import nn
 
 from rte.models.graphs import GraphSet, padded
 from rte.models.prompt_move import PromptMoveModel
+from rte.models.slab_copy import SlabCopy
 from rte.models.staging import Staging, to_device
 from rte.stages import Batch
 
@@ -132,7 +133,10 @@ class TorchWorldModel(PromptMoveModel):
     steps: denoising iterations per chunk.
     device: "cuda", "cuda:N" or "cpu"; CUDA when available, unless given.
     graphs: on CUDA, run each step as CUDA graphs (HOT and DEFERRED, one per
-        padded batch size, captured on first use); default: on CUDA, yes.
+        padded batch size, captured when the model loads); default: on CUDA, yes.
+    batch_invariant: pad every batch to the arena's rows, so a row's arithmetic
+        is the same at every batch size; default: on CUDA, yes (the CPU's is
+        already, unpadded).
     """
 
     name = "torch"
@@ -146,6 +150,7 @@ class TorchWorldModel(PromptMoveModel):
         steps: int = 2,
         device: str | None = None,
         graphs: bool | None = None,
+        batch_invariant: bool | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.pipelined = pipelined
@@ -194,11 +199,23 @@ class TorchWorldModel(PromptMoveModel):
         self._masks = np.stack([(visible < f) | (visible == window) for f in range(window + 1)])
         self.inputs = Staging(max_sessions, 5, window * TOKENS + TOKENS, self.device)
         self.encodes: list[tuple[str, str]] = []
-        self._slot_rows: dict[tuple[int, int], torch.Tensor] = {}  # frames padded to slots
+        self.out = SlabCopy(self.device)
         cuda = self.device.type == "cuda"
         self.graphs = cuda if graphs is None else graphs and cuda
-        self.hot_graphs = GraphSet(self._hot_step, self._hot_statics, max_sessions)
-        self.decode_graphs = GraphSet(self.decoder, self._decode_statics, max_sessions)
+        self.batch_invariant = cuda if batch_invariant is None else batch_invariant
+        sizes = sorted({self._size(n) for n in range(1, max_sessions + 1)})
+        self.hot_graphs = GraphSet(self._hot_step, self._hot_statics, sizes)
+        self.decode_graphs = GraphSet(self.decoder, self._decode_statics, sizes)
+        if self.graphs:  # at load: a capture synchronizes the device
+            self.hot_graphs.capture()
+            self.decode_graphs.capture()
+
+    def _size(self, n: int) -> int:
+        """The rows a batch of ``n`` runs as: the arena's when batch-invariant, else
+        the graph size on CUDA, else ``n`` (the CPU runs what it has)."""
+        if self.batch_invariant:
+            return self.max_sessions
+        return padded(n, self.max_sessions) if self.device.type == "cuda" else n
 
     # -- the StageModel contract -------------------------------------------
 
@@ -275,14 +292,15 @@ class TorchWorldModel(PromptMoveModel):
     @torch.inference_mode()
     def _denoise(self, batch: Batch) -> None:
         n = len(batch.rows)
-        size = padded(n, self.max_sessions)
+        size = self._size(n)
         statics = self.hot_graphs.inputs(size) if self.graphs else None
         if statics is not None:  # one graph: HOT and the cache write
             self._upload(batch, size, into=statics)
             batch.carry["latent"] = self.hot_graphs.replay(size)[:n].clone()
             return
-        ints, mask = self._upload(batch, n)
-        batch.carry["latent"], batch.carry["kv"] = self._hot(ints, mask)
+        ints, mask = self._upload(batch, size)  # padded rows write the spare row only
+        latent, batch.carry["kv"] = self._hot(ints, mask)
+        batch.carry["latent"] = latent[:n]
         batch.carry["ints"] = ints
 
     @torch.inference_mode()
@@ -298,38 +316,16 @@ class TorchWorldModel(PromptMoveModel):
     def _decode(self, batch: Batch) -> None:
         latent = batch.carry["latent"]
         n = len(batch.rows)
-        size = padded(n, self.max_sessions)
+        size = self._size(n)
         statics = self.decode_graphs.inputs(size) if self.graphs else None
         if statics is not None:
             statics[0][:n].copy_(latent)
             frames = self.decode_graphs.replay(size)[:n]
+        elif size > n:  # the rows past the batch decode zeros, as a graph's would
+            frames = self.decoder(F.pad(latent, (0, 0, 0, 0, 0, size - n)))[:n]
         else:
             frames = self.decoder(latent)
-        # The one write: device to the step's slab slots (pinned: an async copy on
-        # the DEFERRED stream; the engine publishes after its event).
-        asynchronous = self.device.type == "cuda"
-        block = batch.out_block
-        if block is None:  # scattered slots: a copy each
-            for out, frame in zip(batch.out, frames, strict=True):
-                torch.from_numpy(out).copy_(frame, non_blocking=asynchronous)
-            return
-        stride, nbytes = block.strides[0], block[0].nbytes
-        if stride == nbytes:
-            torch.from_numpy(block).copy_(frames, non_blocking=asynchronous)
-            return
-        # Slots are page-rounded: copy the run's bytes whole, each frame padded to a
-        # slot, so the copy stays one contiguous page-locked transfer (a strided
-        # destination would go through a pageable temporary and block the host).
-        span = np.lib.stride_tricks.as_strided(
-            block[0].reshape(-1).view(np.uint8), (n, stride), (stride, 1), writeable=True
-        )
-        slots = self._slot_rows.get((n, stride))
-        if slots is None:  # zeroed once, reused by every step on this (DEFERRED) stream
-            slots = self._slot_rows[n, stride] = torch.zeros(
-                (n, stride), dtype=torch.uint8, device=self.device
-            )
-        slots[:, :nbytes].copy_(frames.reshape(n, -1))
-        torch.from_numpy(span).copy_(slots, non_blocking=asynchronous)
+        self.out.write(batch, frames)
 
     @torch.inference_mode()
     def _encode_prompt(self, batch: Batch) -> None:
