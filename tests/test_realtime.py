@@ -217,3 +217,58 @@ def test_receipts_name_the_last_action_each_chunk_applied_in_a_daemon(shm_prefix
             _receipts_body(client)
     finally:
         assert daemon.stop() == 0, daemon.stderr
+
+
+def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(
+    rowcost_daemon: tuple,  # type: ignore[type-arg]
+    shm_prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Two daemons of the same rows, one of them four times as costly per session:
+    when the costly one refuses by real time, the pool's attach goes to the other."""
+    from rte.client import connect_pool  # noqa: PLC0415
+
+    start, _ = rowcost_daemon
+    cheap = start()
+    costly_cost = tmp_path / "costly"
+    costly_cost.write_text("1")
+    costly = DaemonProcess(
+        f"{shm_prefix}rtc", "--model", "rowcost_model:rowcost", "--max-sessions", "24",
+        "--pace-hz", str(PACE),
+        env={"RTE_TEST_ROW_MS": str(4 * ROW_MS), "RTE_TEST_COST_FILE": str(costly_cost)},
+    )  # fmt: skip
+    try:
+        cheap.client().close()  # both up
+        costly.client().close()
+        with connect_pool([cheap.name, costly.name], timeout=30) as pool:
+            for i in range(10):  # past the costly one's capacity (about 2), under the cheap one's
+                pool.attach(f"s{i}")
+                _consume(pool, 0.3)  # turns of every size: each daemon learns its slope
+            on_costly = snapshot(costly.name)["realtime"]["attached"]
+            on_cheap = snapshot(cheap.name)["realtime"]["attached"]
+            assert on_costly + on_cheap == 10
+            assert on_costly < on_cheap  # the refusals went next door, none was lost
+    finally:
+        assert costly.stop() == 0, costly.stderr
+
+
+def test_attach_with_wait_gets_the_place_a_leaving_session_frees(
+    rowcost_daemon: tuple,  # type: ignore[type-arg]
+) -> None:
+    import threading  # noqa: PLC0415
+
+    start, _ = rowcost_daemon
+    daemon = start()
+    with daemon.client() as other, daemon.client() as client:
+        other.attach("x")  # its place, freed later from this other client
+        _, refusal = _attach_until_refused(client, 24)
+        assert refusal is not None
+        with pytest.raises(AdmissionError, match="real-time capacity"):
+            client.attach("late")  # no wait: refused at once
+        leaving = threading.Timer(0.5, other.detach, args=("x",))  # (its own client)
+        leaving.start()
+        try:
+            client.attach("late", wait=10.0)  # waits for the room x leaves
+        finally:
+            leaving.join(15)
+        assert "late" in client.sessions and "x" not in other.sessions
