@@ -41,7 +41,7 @@ from rte.client import (
 )
 from rte.client.aio import AsyncClient
 from rte.client.inputs import InputLoan
-from rte.errors import RteError
+from rte.errors import EngineGone, RteError
 from rte.models.null import tag_of
 
 FRAME = (256, 256, 3)  # an input of the reference model's 64x64 output (k = 4): by slot
@@ -403,7 +403,8 @@ def pool_chaos(
 ) -> None:
     """Random use of a pool over daemons ``names`` (null model), one of which the
     test kills meanwhile: sessions on the other go on; every chunk is checked to be
-    its own session's. ``names`` of one item is a supervisor's, found by connect."""
+    its own session's. ``names`` of one item is one daemon (a supervisor's NAME: its
+    replicas as a pool), connected again when it dies."""
     actor = Actor(ident, seed, hostile)
     rng = actor.rng
     deadline = time.monotonic() + seconds
@@ -439,6 +440,12 @@ def pool_chaos(
                 client.close()
                 client = None
                 actor.dropped()
+        except EngineGone:  # a lost member's session; or, alone, its daemon died
+            if client is not None and not isinstance(client, PoolClient):
+                actor.take(None)  # (held-views: each chunk held read after the death,
+                client.close()  # and again after the close)
+                actor.dropped()
+                client = None
         except RteError:
             continue
     if isinstance(client, PoolClient) and hostile == "held-views":

@@ -339,9 +339,9 @@ def run_pool(pair: Pair, count: int, hostile: str | None = None) -> None:
         fresh = leftovers(dies)
         for number, rng in rounds(count):
             with replaying(number):
-                workers = [
-                    Worker("pool", (pair.names, number * 10 + k, rng.randrange(1 << 32), ROUND_S))
-                    for k in range(rng.randint(2, 3))
+                workers = [  # pools, and a client of the daemon that dies alone
+                    Worker("pool", (names, number * 10 + k, rng.randrange(1 << 32), ROUND_S))
+                    for k, names in enumerate([pair.names, pair.names, [dies]])
                 ]
                 abuse = abuse_of(hostile, rng)
                 for worker in workers:
