@@ -22,13 +22,10 @@ goes through :func:`~shm.errors.check_rc`, which raises its exception. Once
 its segment is closed in this process a ring refuses every call
 (:class:`~shm.errors.SegmentError`) instead of reaching unmapped memory.
 
-A ring's peer can write its header (its own head or tail, and any other word:
-it maps the ring writable). So the geometry (capacity, mask, largest record)
-is read once, when this process opens the ring, kept in a process-local
-``shm_ring_t`` and never read from shared memory again, and every record is
-checked to lie whole inside the ring before a byte is copied: a scribbling
-peer can garble the records of its own ring, never make this process touch a
-byte outside it (:class:`~shm.errors.RingCorrupt` instead).
+A peer maps the ring writable, header included: so its geometry is read once,
+at open, into a process-local ``shm_ring_t``, and every record must lie whole
+inside the ring before a byte is copied. A scribbling peer garbles its own
+records (:class:`~shm.errors.RingCorrupt`), never makes us touch a byte outside.
 """
 
 from __future__ import annotations
@@ -121,22 +118,18 @@ class Ring:
         spin_us: float = 50.0,
         expected: int | None = None,
     ) -> None:
-        """``expected``: the capacity the caller's own layout gives the ring (the
-        header must say exactly that, else LayoutError)."""
+        """``expected``: the capacity the caller's layout gives it (else LayoutError)."""
         self.segment = segment
         self.offset = offset
-        # the ring as this process opened it: the C reads its geometry from here,
-        # never again from the header in shared memory (the peer can write that)
+        # the ring as opened here: the C reads its geometry from this, never the header
         self._raw = ffi.new("shm_ring_t *")
         capacity = check_rc(
             int(lib.shm_ring_open(self._raw, segment.ptr(offset), segment.size - offset)),
             f"opening the ring at offset {offset} of {segment.name}",
         )
         if expected is not None and capacity != expected:
-            raise LayoutError(
-                f"the ring at offset {offset} of {segment.name} says it holds {capacity} "
-                f"bytes, not the {expected} its layout gives it: it was written over"
-            )
+            where = f"the ring at offset {offset} of {segment.name}"
+            raise LayoutError(f"{where} says {capacity} bytes, its layout {expected}: garbled")
         self.capacity = capacity
         self.max_record = int(lib.shm_ring_max_payload(capacity))
         self.policy = WaitPolicy(policy)
@@ -373,6 +366,11 @@ class Ring:
     def reset(self) -> None:
         """Drop every record. Only when neither peer is running (one died, say)."""
         lib.shm_ring_reset(self._ptr)
+
+    def wipe(self) -> None:
+        """Lay the ring out anew with the geometry it was opened with (its peer is
+        gone, and may have garbled it: a reset keeps a garbled head garbled)."""
+        check_rc(lib.shm_ring_init(self._ptr.header, self.capacity), f"wiping {self._where()}")
 
     def statistics(self) -> RingStatistics:
         """A snapshot of the ring's counters, read from shared memory."""

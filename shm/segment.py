@@ -52,7 +52,7 @@ from shm.native import ffi, lib
 
 PAGE = mmap.PAGESIZE
 HEADER_SIZE = max(PAGE, 4096)
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: a daemon's clients each have segments of their own
 MAGIC = int.from_bytes(b"rteseg01", "little")
 # magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
 _HEADER = struct.Struct("<QIIQQdd")

@@ -28,6 +28,15 @@ non-integer dimension, no object dtype, no more than a slot): a
 in this process a slab refuses every call (:class:`~shm.errors.SegmentError`)
 instead of reaching unmapped memory; views already handed out stay readable.
 
+What a reader can reach: :meth:`open_reader` maps the slot bytes read-only,
+and only the metadata (header counters, per-owner held counts, slot words)
+writable, since a release is a compare-and-swap on the slot's word. So a reader
+can never write a frame, but one that scribbles the metadata can free, hold or
+count other owners' slots (stalling or garbling their streams). It can never
+make the slab's writer touch memory outside it: the slot and owner counts,
+slot size and quota are read once, at open, into a process-local
+``shm_slab_t``, and every slot or owner index is range-checked against them.
+
 :meth:`Slab.pin` registers the slots as page-locked memory with CUDA when torch
 with CUDA is already imported (device-to-host copies then go straight in,
 asynchronously); elsewhere it does nothing, and never imports torch.

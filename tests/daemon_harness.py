@@ -16,10 +16,12 @@ import psutil
 
 from rte.client import Chunk, EngineClient, ShmClient, connect
 from rte.ipc.childlog import child_log, said
-from rte.ipc.control import KIND_CONTROL, Control, DaemonState
+from rte.ipc.claims import ClaimTable
+from rte.ipc.control import KIND_CLAIMS, KIND_CONTROL, KIND_MAILBOX, Control, DaemonState
+from rte.ipc.mailbox import Mailbox
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import Bye, encode_request
-from shm import Doorbell, Ring, Segment
+from shm import Doorbell, Segment
 from shm.names import SHM_DIR
 
 TESTS = Path(__file__).resolve().parent
@@ -134,32 +136,45 @@ def mapped_file(address: int) -> str:
 
 
 class RawClient:
-    """A client slot of a live daemon, claimed through the control segment, with
-    its ring pair: ``inbox.push`` sends any bytes at all."""
+    """A client slot of a live daemon, claimed as a client does (the control segment
+    read-only, the claims writable, its own mailbox), with its ring pair:
+    ``inbox.push`` sends any bytes at all; ``writable`` is every segment it maps
+    writable (to scribble on)."""
 
     def __init__(self, name: str) -> None:
         names = DaemonNames(name)
-        self.segment = Segment.open(names.control, kind=KIND_CONTROL)
+        self.segment = Segment.open(names.control, kind=KIND_CONTROL, readonly=True)
         self.control = Control(self.segment)
         wait_for(lambda: self.control.state is DaemonState.READY, what="a ready daemon")
+        layout = self.control.layout
+        self.claims_segment = Segment.open(names.claims, kind=KIND_CLAIMS)
+        self.claims = ClaimTable(self.claims_segment, layout.max_clients)
         me = psutil.Process()
-        claimed = self.control.table.claim(me.pid, me.create_time())
+        claimed = self.claims.claim(me.pid, me.create_time(), self.control.table)
         assert claimed is not None, "no free client slot"
         index, generation = claimed
         self.index = index
         self.bell = Doorbell(names.bell)
-        self.inbox = Ring(self.segment, self.control.layout.inbox(index), doorbell=self.bell)
-        self.outbox = Ring(self.segment, self.control.layout.outbox(index), policy="spin")
-        self.inbox.reset()
-        self.outbox.reset()
-        assert self.control.table.activate(index, generation)
+        self.mailbox_segment = Segment.open(names.mailbox(index), kind=KIND_MAILBOX)
+        self.mailbox = Mailbox.open(
+            self.mailbox_segment,
+            layout.ring_capacity,
+            layout.max_sessions,
+            fresh=True,
+            inbox_bell=self.bell,
+        )
+        self.inbox, self.outbox = self.mailbox.inbox, self.mailbox.outbox
+        self.mailbox.clear(time.monotonic_ns())
+        assert self.claims.activate(index, generation)
         self.bell.ring()
+        self.writable = [self.claims_segment, self.mailbox_segment]
 
     def close(self) -> None:
         """Say BYE (the daemon frees the slot) and unmap."""
         self.inbox.push(encode_request(Bye()), timeout=5)
         self.bell.close()
-        self.segment.close()
+        for segment in (self.mailbox_segment, self.claims_segment, self.segment):
+            segment.close()
 
 
 def wait_for(

@@ -404,20 +404,24 @@ def test_another_users_objects_are_a_clear_refusal(shm_prefix: str) -> None:
         assert d.stop() == 0, d.stderr
 
 
-def test_a_client_that_scribbles_on_its_own_entry_is_let_go(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix)
+def test_a_client_that_scribbles_on_its_own_claim_disturbs_nobody(shm_prefix: str) -> None:
+    d = DaemonProcess(shm_prefix, "--max-clients", "2")
     try:
         with d.client() as bystander:
             bystander.attach("steady")
             raw = RawClient(d.name)
             raw.inbox.push(_raw(RecordType.DETACH, b"ghost"), timeout=5)
             _answers(raw, 1)  # answered: the daemon serves it
-            entry = raw.control.layout.table + 128 * raw.index
-            lib.shm_store_release(raw.segment.word(entry), 0xFFFF_FFFF)  # no state at all
-            wait_for(lambda: _counters(d.name)["dead_clients_reaped"] == 1, what="the reap")
+            claim = HEADER_SIZE + 128 * (1 + raw.index)  # its claim's state word
+            lib.shm_store_release(raw.claims_segment.word(claim), 0xFFFF_FFFF)  # no state at all
+            raw.inbox.push(_raw(RecordType.DETACH, b"ghost"), timeout=5)
+            _answers(raw, 1)  # still served: the daemon judges a slot it holds by its own record
             stream = [c.chunk for c in take(bystander, "steady", 5)]
             assert stream == list(range(stream[0], stream[0] + 5))
-            with d.client() as again:
+            raw.close()
+            with d.client() as again:  # the only free slot is the one whose claim was garbage
                 again.attach("after")
+                assert again.index == raw.index
+        assert _counters(d.name)["dead_clients_reaped"] == 0
     finally:
         assert d.stop() == 0, d.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_harness import DaemonProcess, Deadline, mapped_file, take
+from daemon_harness import DaemonProcess, Deadline, mapped_file, take, wait_for
 
 from rte.cli.inspect import render
 from rte.client import RequestError, RequestTimeout, ShmClient, connect
@@ -198,6 +198,7 @@ def test_a_killed_client_s_input_segment_is_reset_for_the_slot_s_next_client(
             child.kill()
             child.wait(10)
             held_until(inputs.of(index), 0)
+            wait_for(lambda: snapshot(daemon.name)["summary"]["clients"] == 0, what="its slot")
         finally:
             child.kill()
     with daemon.client() as again:  # the slot's next client has the whole quota, all zeros

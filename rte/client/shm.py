@@ -9,13 +9,14 @@
                 frame = chunk.latent         # read-only view into the slab: no copy
             client.act("alice", {"move": (0, 1)})
 
-A client claims one slot of the daemon's client table and owns its ring pair:
-requests go out on its inbox ring, chunks and notices come back on its outbox
-ring: one STEP record per step, however many sessions, naming the slab slots
-the engine wrote that step's chunks into (one run of slots, read in place as
-one array). A released batch goes back in one C call; the client counts what
-it consumed per session in its credit block, and rings the daemon's doorbell
-only when the daemon sleeps for want of this client's credits.
+A client claims a client slot and maps that slot's mailbox, no other's
+(:mod:`rte.ipc.mailbox`; the control segment read-only): requests go out on its
+inbox ring, chunks and notices come back on its outbox ring: one STEP record
+per step, however many sessions, naming the slab slots the engine wrote that
+step's chunks into (one run of slots, read in place as one array). A released
+batch goes back in one C call; the client counts what it consumed per session
+in its credit block, and rings the daemon's doorbell only when the daemon
+sleeps for want of this client's credits.
 
 Waiting for a paced daemon (``rte serve --pace-hz``), the client sleeps until
 just before the daemon's published next tick, then spins until the step's
@@ -41,8 +42,9 @@ from rte.client.daemon import meaning, open_control
 from rte.client.inputs import InputLoan, Lender, open_inputs
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, WireError
-from rte.ipc.claims import ClientState
-from rte.ipc.control import KIND_SLAB, Control, DaemonState
+from rte.ipc.claims import ClaimTable, ClientState
+from rte.ipc.control import KIND_CLAIMS, KIND_MAILBOX, KIND_SLAB, Control, DaemonState
+from rte.ipc.mailbox import Mailbox
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import (
     Bye,
@@ -56,7 +58,6 @@ from shm import (
     BatchSample,
     Doorbell,
     ForeignSlot,
-    Ring,
     RingFull,
     Segment,
     ShmError,
@@ -118,6 +119,7 @@ class ShmClient(EngineClient):
         self._by_fd = wake == "fd"
         self.name = name
         self.index, self._generation = -1, 0  # the client slot, once claimed
+        self._mailbox: Mailbox | None = None  # that slot's, once mapped
         deadline = time.monotonic() + (READY_TIMEOUT_S if timeout is None else timeout)
         self._segment = open_control(names, deadline, wait=timeout is not None)
         self._opened: list[Segment | Doorbell | FifoBell] = [self._segment]
@@ -126,12 +128,14 @@ class ShmClient(EngineClient):
             self._checked = 0.0
             self._control = Control(self._segment)
             super().__init__(name, self._ready_manifest(deadline))
-            self._table = self._control.table
+            self._table = self._control.table  # the daemon's roster: read-only here
+            claims = self._own(Segment.open(names.claims, kind=KIND_CLAIMS))
+            self._claims = ClaimTable(claims, self._control.layout.max_clients)
             self._slab = Slab.open_reader(names.slab, HEADER_SIZE, kind=KIND_SLAB)
             self._own(self._slab.segment)
             self._bell = self._own(Doorbell(names.bell))
-            self._join(names, deadline, policy, spin_us)
-            self._block = self._control.client_block(self.index)
+            mailbox = self._join(names, deadline, policy, spin_us)
+            self._block, self._note_pop = mailbox.block, mailbox.note_pop
             mine = open_inputs(names, self.index, self._own)  # its own input segment alone
             self._lender = Lender(mine, name, self._inbox.max_record)
             self._bell.ring()  # wake an idle daemon so that it adopts us now
@@ -149,11 +153,11 @@ class ShmClient(EngineClient):
         self._handle_of: dict[str, int] = {}
         self._tokens = [0] * sessions  # bindings of each handle so far
 
-    def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> None:
-        """Claim a client slot, set up its rings, and activate it (claiming again
-        in the rare case the daemon took a slow claim for abandoned)."""
+    def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> Mailbox:
+        """Claim a client slot, map its mailbox and empty it, and activate it
+        (claiming again in the rare case the daemon took a slow claim for abandoned)."""
         me = psutil.Process()
-        layout = self._control.layout
+        sizes = (self._control.layout.ring_capacity, self._control.layout.max_sessions)
         while True:
             self.index, self._generation = self._claim(me.pid, me.create_time(), deadline)
             my_bell: Doorbell | FifoBell
@@ -163,29 +167,24 @@ class ShmClient(EngineClient):
                 self._fifo.drain()  # what it was rung for a previous holder of the slot
             else:
                 my_bell = self._own(Doorbell(names.client_bell(self.index)))
-            self._inbox = Ring(self._segment, layout.inbox(self.index), doorbell=self._bell)
-            self._outbox = Ring(
-                self._segment,
-                layout.outbox(self.index),
-                doorbell=my_bell,
-                policy=policy,
-                spin_us=spin_us,
-            )
-            # The slot is ours alone until it is ACTIVE: empty its rings of anything
-            # a previous holder wrote after it left, then let the daemon adopt it.
-            self._inbox.reset()
-            self._outbox.reset()
-            if self._table.activate(self.index, self._generation):
-                return
-            self._opened.remove(my_bell)
-            my_bell.close()
+            mine = self._own(Segment.open(names.mailbox(self.index), kind=KIND_MAILBOX))
+            # ours alone until it is ACTIVE: laid out anew, whatever a previous holder left
+            wait: dict[str, Any] = {"doorbell": my_bell, "policy": policy, "spin_us": spin_us}
+            mailbox = Mailbox.open(mine, *sizes, fresh=True, inbox_bell=self._bell, **wait)
+            self._mailbox, self._inbox, self._outbox = mailbox, mailbox.inbox, mailbox.outbox
+            if self._claims.activate(self.index, self._generation):
+                return mailbox
+            for thing in (mine, my_bell):
+                self._opened.remove(thing)
+                thing.close()
+            self._mailbox = None
 
     def _give_back_slot(self) -> None:
         """A failed connect: the claim (or the slot, if active already) goes back."""
         if self.index >= 0:
             with contextlib.suppress(Exception):  # what cannot be said, the daemon reaps
-                if not self._table.abandon(self.index, self._generation):
-                    self._table.leave(self.index, self._generation)
+                if not self._claims.abandon(self.index, self._generation) and self._mailbox:
+                    self._mailbox.leave()
 
     # -- inputs by slot (rte.client.inputs) ------------------------------
 
@@ -214,13 +213,14 @@ class ShmClient(EngineClient):
 
     def _claim(self, pid: int, start: float, deadline: float) -> tuple[int, int]:
         """Take a client slot; while one is being freed (a client leaving), wait for it."""
-        while (claimed := self._table.claim(pid, start, wakes_by_fd=self._by_fd)) is None:
-            busy = {entry.state for entry in self._table.entries()}
+        claims, roster = self._claims, self._table
+        while (claimed := claims.claim(pid, start, roster, wakes_by_fd=self._by_fd)) is None:
+            busy = {e.state for e in claims.entries()} | {e.state for e in roster.entries()}
             if not busy & {ClientState.CLOSING, ClientState.CLAIMED} or (
                 time.monotonic() >= deadline
             ):
                 raise AdmissionError(
-                    f"daemon {self.name!r} serves {self._table.max_clients} clients "
+                    f"daemon {self.name!r} serves {roster.max_clients} clients "
                     "already; close one or start the daemon with more --max-clients"
                 )
             self._check()
@@ -249,7 +249,7 @@ class ShmClient(EngineClient):
         if not records:
             return []
         taken = time.monotonic_ns()
-        self._table.note_pop(self.index)
+        self._note_pop(taken)
         out: list[ChunkBatch | Notice] = []
         for raw in records:
             try:
@@ -370,29 +370,33 @@ class ShmClient(EngineClient):
     def _shutdown(self) -> None:
         """Say BYE and wait (bounded) until the daemon has freed our slot, so a
         connect or attach right after close finds the room this client had."""
+        mailbox = self._mailbox
         try:
-            if self._table.give_back_revoked(self.index, self._generation):
-                return  # disconnected already: nobody reads our rings
+            if mailbox is None:
+                return
+            if self._table.state(self.index) is ClientState.REVOKED:
+                mailbox.leave()  # disconnected already: the daemon frees the slot now
+                return
             if self._daemon_alive():
                 try:
                     self._inbox.push(encode_request(Bye()), LEAVE_TIMEOUT_S)
-                except RingFull:  # it does not read us: leave by the table instead
-                    self._table.leave(self.index, self._generation)
-                self._wait_until_freed(time.monotonic() + LEAVE_TIMEOUT_S)
+                except RingFull:  # it does not read us: leave by the mailbox instead
+                    mailbox.leave()
+                self._wait_until_freed(time.monotonic() + LEAVE_TIMEOUT_S, mailbox)
         except (ShmError, EngineGone):
             pass  # the daemon reaps what we could not say goodbye to
         finally:
             self._close_mappings()
 
-    def _wait_until_freed(self, deadline: float) -> None:
+    def _wait_until_freed(self, deadline: float, mailbox: Mailbox) -> None:
         """Until our slot is FREE (or another's), the deadline, or the daemon is gone
         (``_check`` asks the process table only every 100 ms, not every poll)."""
         while time.monotonic() < deadline:
-            entry = self._table.entry(self.index)
-            if entry.state is ClientState.FREE or entry.generation != self._generation:
-                return
-            if entry.state is not ClientState.REVOKED:  # revoked: we are leaving anyway
-                self._check()
+            if not self._claims.is_held(self.index, self._generation):
+                return  # the daemon freed our claim
+            if self._table.state(self.index) is ClientState.REVOKED:
+                return mailbox.leave()  # we are leaving anyway
+            self._check()
             time.sleep(0.001)
 
     def _close_mappings(self) -> None:

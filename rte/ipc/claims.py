@@ -1,19 +1,31 @@
-"""The client table in the control segment: who holds which client slot.
+"""Who holds which client slot: the claims clients make, and the daemon's roster.
 
-One 128-byte entry per client slot. Its first word is the slot's state and a
-generation, ``generation << 8 | state``, so that every change of hands is one
-compare-and-swap that names the generation it expects: a claim bumps the
-generation, and a stale actor (a claimer the daemon gave up on, a daemon
-freeing a claim that was just finished) fails its swap instead of taking a
-slot someone else now holds. After the slab's slot words (``shm_native.c``).
+Two tables, one entry (128 bytes, its own cache lines) per client slot:
 
-    FREE --claim--> CLAIMED --activate--> ACTIVE --(BYE, death)--> CLOSING --> FREE
-                       |                     |--(leave: BYE did not fit)--> CLOSING
-                       +--abandon--> FREE    +--(revoked by the daemon)--> REVOKED --> FREE
+- the **claims** (:class:`ClaimTable`), in a segment of their own
+  (``DaemonNames.claims``), the one thing every client maps writable: a claimer
+  takes a free slot there by compare-and-swap, writes its pid and start time,
+  and activates it;
+- the **roster** (:class:`Roster`), in the control segment, written by the
+  daemon alone and read-only for every client: whom it adopted into each slot
+  (generation, pid, start, how it wakes), its session count, and whether the
+  slot is ACTIVE, CLOSING or REVOKED.
 
-A claimer writes its pid and start time between claim and activate, with the
-slot's rings its alone; the daemon reads an entry's fields only after the
-acquire load of its state word shows them published.
+A claim's first word is ``generation << 8 | state``, so every change of hands
+is one compare-and-swap that names the generation it expects: a claim bumps the
+generation, and a stale actor (a claimer the daemon gave up on) fails its swap
+instead of taking a slot someone else now holds.
+
+    claims:  FREE --claim--> CLAIMED --activate--> ACTIVE --(the daemon frees it)--> FREE
+                                |--abandon--> FREE
+    roster:  FREE --adopt--> ACTIVE --(BYE, leaving, death)--> CLOSING --> FREE
+                                |--(revoked by the daemon)--> REVOKED --(leaves, dies)--> FREE
+
+The daemon reads a claim only for a slot its roster has FREE; a slot it holds
+is judged by its own record and that client's mailbox alone (BYE, the leaving
+word, the process table). So a client that writes garbage over the claims can
+delay claims, never disturb a client the daemon serves; and a claimer takes a
+slot only when the roster, which no client can write, says it is free.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from typing import Any
 
 from shm import Segment
 from shm.native import lib
+from shm.segment import HEADER_SIZE
 
 ENTRY = 128  # bytes per client slot (its own cache lines)
 _START = struct.Struct("<d")
@@ -40,18 +53,22 @@ class ClientState(enum.IntEnum):
 
 
 class _Field(enum.IntEnum):
-    """The words of one entry."""
+    """The words of one entry (a claim's, or the roster's)."""
 
     STATE = 0  # generation << 8 | ClientState
     PID = 1
     START = 2  # the process's start time, float64 bits (pid + start name one process)
-    SESSIONS = 3
-    LAST_POP_NS = 4  # time.monotonic_ns() when the client last read its outbox (or claimed)
-    WAKE = 5  # how the daemon wakes the client: 0 its semaphore, 1 its FIFO (an event loop)
+    WAKE = 3  # how the daemon wakes the client: 0 its semaphore, 1 its FIFO (an event loop)
+    SINCE_NS = 4  # a claim's: time.monotonic_ns() when it was made (the grace period)
+    SESSIONS = 5  # the roster's: the slot's session count (for inspectors)
 
 
 def _word(generation: int, state: ClientState) -> int:
     return generation << 8 | state
+
+
+def _float_bits(value: float) -> int:
+    return int.from_bytes(_START.pack(value), "little")
 
 
 @dataclass(frozen=True)
@@ -63,20 +80,18 @@ class ClientEntry:
     generation: int
     pid: int
     start: float
-    sessions: int
-    last_pop_ns: int
+    sessions: int = 0  # the roster's; a claim's is 0
     wakes_by_fd: bool = False  # woken through its FIFO (an asyncio client), not its semaphore
+    since_ns: int = 0  # a claim's: when it was made (time.monotonic_ns)
 
 
-class ClaimTable:
-    """The entries of ``max_clients`` slots at ``offset`` of a control segment;
-    ``claims`` is the daemon-block word a client bumps when it activates."""
+class _Entries:
+    """``max_clients`` entries at ``offset`` of ``segment``."""
 
-    def __init__(self, segment: Segment, offset: int, max_clients: int, claims: Any) -> None:
+    def __init__(self, segment: Segment, offset: int, max_clients: int) -> None:
         self.segment = segment
         self.offset = offset
         self.max_clients = max_clients
-        self._claims = claims
         self._words: dict[tuple[int, _Field], Any] = {}
 
     def _at(self, index: int, field: _Field) -> Any:
@@ -88,62 +103,115 @@ class ClaimTable:
             word = self._words[(index, field)] = self.segment.word(offset)
         return word
 
-    def _load(self, index: int) -> tuple[int, ClientState]:
+    def _load(self, index: int) -> tuple[int, ClientState | None]:
+        """The generation and state (None: garbage, which no writer of ours stores)."""
         word = int(lib.shm_load_acquire(self._at(index, _Field.STATE)))
         try:
             return word >> 8, ClientState(word & 0xFF)
-        except ValueError:  # a client scribbled on its entry: it is leaving, as far as we care
-            return word >> 8, ClientState.CLOSING
+        except ValueError:
+            return word >> 8, None
 
-    def _swap(self, index: int, expected: int, desired: int) -> bool:
-        return bool(lib.shm_cas(self._at(index, _Field.STATE), expected, desired))
+    def _store(self, index: int, field: _Field, value: int) -> None:
+        lib.shm_store_release(self._at(index, field), value)
 
-    # -- reading ----------------------------------------------------------
-
-    def state(self, index: int) -> ClientState:
-        """One slot's state alone (one atomic load: cheap enough for every call)."""
-        return self._load(index)[1]
+    def _relaxed(self, index: int, field: _Field) -> int:
+        return int(lib.shm_load_relaxed(self._at(index, field)))
 
     def entry(self, index: int) -> ClientEntry:
         generation, state = self._load(index)  # acquire first: the fields are published
-        start_bits = int(lib.shm_load_relaxed(self._at(index, _Field.START)))
+        start_bits = self._relaxed(index, _Field.START)
         return ClientEntry(
             index,
-            state,
+            ClientState.CLOSING if state is None else state,
             generation,
-            int(lib.shm_load_relaxed(self._at(index, _Field.PID))),
+            self._relaxed(index, _Field.PID),
             _START.unpack(start_bits.to_bytes(8, "little"))[0],
-            int(lib.shm_load_relaxed(self._at(index, _Field.SESSIONS))),
-            int(lib.shm_load_acquire(self._at(index, _Field.LAST_POP_NS))),
-            bool(lib.shm_load_relaxed(self._at(index, _Field.WAKE))),
+            self._relaxed(index, _Field.SESSIONS),
+            bool(self._relaxed(index, _Field.WAKE)),
+            self._relaxed(index, _Field.SINCE_NS),
         )
 
     def entries(self) -> list[ClientEntry]:
         return [self.entry(i) for i in range(self.max_clients)]
 
-    def last_pop_ns(self, index: int) -> int:
-        return int(lib.shm_load_acquire(self._at(index, _Field.LAST_POP_NS)))
+    def state(self, index: int) -> ClientState:
+        """One slot's state alone (one atomic load: cheap enough for every call)."""
+        state = self._load(index)[1]
+        return ClientState.CLOSING if state is None else state
+
+
+class Roster(_Entries):
+    """The daemon's record of its client slots, in the control segment (written by
+    the daemon alone; every client maps it read-only)."""
+
+    def generation(self, index: int) -> int:
+        return self._load(index)[0]
+
+    def adopt(self, claim: ClientEntry) -> None:
+        """Slot ``claim.index`` is served, for the claimer ``claim`` names (its fields
+        first, then the state: a release that publishes them)."""
+        i = claim.index
+        self._store(i, _Field.PID, claim.pid)
+        self._store(i, _Field.START, _float_bits(claim.start))
+        self._store(i, _Field.WAKE, int(claim.wakes_by_fd))
+        self._store(i, _Field.SESSIONS, 0)
+        self._store(i, _Field.STATE, _word(claim.generation, ClientState.ACTIVE))
+
+    def set_state(self, index: int, state: ClientState) -> None:
+        """ACTIVE -> CLOSING -> FREE or REVOKED; the generation stays."""
+        self._store(index, _Field.STATE, _word(self._load(index)[0], state))
+
+    def set_sessions(self, index: int, sessions: int) -> None:
+        self._store(index, _Field.SESSIONS, sessions)
+
+
+class ClaimTable(_Entries):
+    """The claims of ``max_clients`` slots, in the claims segment ``segment``, with
+    the word a client bumps when it activates (the daemon adopts at once)."""
+
+    def __init__(self, segment: Segment, max_clients: int) -> None:
+        super().__init__(segment, HEADER_SIZE + ENTRY, max_clients)
+        self._claims = segment.word(HEADER_SIZE)
+
+    @staticmethod
+    def size(max_clients: int) -> int:
+        """The bytes of a claims segment, header included."""
+        return HEADER_SIZE + ENTRY * (1 + max_clients)
+
+    @property
+    def claims(self) -> int:
+        """Slots ever activated: a daemon that sees it change adopts at once."""
+        return int(lib.shm_load_acquire(self._claims))
+
+    def _swap(self, index: int, expected: int, desired: int) -> bool:
+        return bool(lib.shm_cas(self._at(index, _Field.STATE), expected, desired))
 
     # -- a client's moves -------------------------------------------------
 
-    def claim(self, pid: int, start: float, *, wakes_by_fd: bool = False) -> tuple[int, int] | None:
+    def claim(
+        self, pid: int, start: float, roster: Roster, *, wakes_by_fd: bool = False
+    ) -> tuple[int, int] | None:
         """Take a free slot for this process: (index, generation), None when all are taken.
 
-        The slot is the claimer's alone until :meth:`activate`: the daemon reads
-        only ACTIVE slots, and the claimer may reset the slot's rings meanwhile.
+        A slot is free when its claim is FREE and ``roster`` (the daemon's, which no
+        client writes) says so too. It is the claimer's alone until :meth:`activate`:
+        the daemon reads only ACTIVE claims, and the claimer may clear the slot's
+        mailbox meanwhile.
         """
         for index in range(self.max_clients):
             generation, state = self._load(index)
-            if state is not ClientState.FREE:
+            if state is not ClientState.FREE or roster.state(index) is not ClientState.FREE:
                 continue
             claimed = generation + 1
-            if self._swap(index, _word(generation, state), _word(claimed, ClientState.CLAIMED)):
-                self.note_pop(index)  # first: the daemon's abandoned-claim clock starts now
-                lib.shm_store_release(self._at(index, _Field.PID), pid)
-                start_bits = int.from_bytes(_START.pack(start), "little")
-                lib.shm_store_release(self._at(index, _Field.START), start_bits)
-                lib.shm_store_release(self._at(index, _Field.WAKE), int(wakes_by_fd))
-                return index, claimed
+            if not self._swap(index, _word(generation, state), _word(claimed, ClientState.CLAIMED)):
+                continue
+            if roster.state(index) is not ClientState.FREE:  # a claim written over: not free
+                continue  # (left CLAIMED: the daemon rewrites it when it frees the slot)
+            self._store(index, _Field.SINCE_NS, time.monotonic_ns())  # the grace starts
+            self._store(index, _Field.PID, pid)
+            self._store(index, _Field.START, _float_bits(start))
+            self._store(index, _Field.WAKE, int(wakes_by_fd))
+            return index, claimed
         return None
 
     def activate(self, index: int, generation: int) -> bool:
@@ -163,31 +231,18 @@ class ClaimTable:
             index, _word(generation, ClientState.CLAIMED), _word(generation, ClientState.FREE)
         )
 
-    def leave(self, index: int, generation: int) -> bool:
-        """ACTIVE -> CLOSING: a client leaving that could not say BYE; the daemon
-        reaps it at its next scan."""
-        return self._swap(
-            index, _word(generation, ClientState.ACTIVE), _word(generation, ClientState.CLOSING)
-        )
-
-    def give_back_revoked(self, index: int, generation: int) -> bool:
-        """REVOKED -> FREE, by the revoked client leaving or the daemon finding it
-        dead (compare-and-swap: exactly one of them); True for the one that did."""
-        return self._swap(
-            index, _word(generation, ClientState.REVOKED), _word(generation, ClientState.FREE)
-        )
-
-    def note_pop(self, index: int) -> None:
-        """A client records that it consumed its outbox (for the idle limit)."""
-        lib.shm_store_release(self._at(index, _Field.LAST_POP_NS), time.monotonic_ns())
+    def is_held(self, index: int, generation: int) -> bool:
+        """Whether the claim ``generation`` of slot ``index`` is still active (the
+        daemon has not freed the slot since)."""
+        return self._load(index) == (generation, ClientState.ACTIVE)
 
     # -- the daemon's moves -------------------------------------------------
 
-    def set_state(self, index: int, state: ClientState) -> None:
-        """ACTIVE -> CLOSING -> FREE or REVOKED, by the daemon alone (the slot's
-        client is gone, or reads only this word); the generation stays."""
-        generation, _ = self._load(index)
-        lib.shm_store_release(self._at(index, _Field.STATE), _word(generation, state))
+    def free(self, index: int, generation: int) -> None:
+        """The daemon freed slot ``index`` (whatever its claim says now: garbage
+        included): FREE at ``generation``, for the next claimer."""
+        self._store(index, _Field.STATE, _word(generation, ClientState.FREE))
 
-    def set_sessions(self, index: int, sessions: int) -> None:
-        lib.shm_store_release(self._at(index, _Field.SESSIONS), sessions)
+    def garbled(self, index: int) -> bool:
+        """Whether the claim's state word holds no state at all (written over)."""
+        return self._load(index)[1] is None

@@ -1,12 +1,17 @@
 """The daemon's client table: who is connected, and whose sessions may step.
 
-A client claims a slot of the control segment's client table itself
-(:meth:`rte.ipc.control.Control.claim`); the table here is the daemon's side:
+A client claims a slot in the claims segment itself
+(:class:`rte.ipc.claims.ClaimTable`); the table here is the daemon's side:
 
-- **adopt** ACTIVE slots it has not seen, opening their ring pair;
-- find **dead** clients (pid + start time, psutil) so the core can detach
-  their sessions, then **remove** them: their slab slots reclaimed, their rings
-  emptied, their slot FREE for the next client;
+- **adopt** ACTIVE claims of slots its roster has free, serving them through
+  that slot's mailbox (:mod:`rte.ipc.mailbox`: its rings and credit block,
+  opened once at start), and record the client in the roster;
+- find **dead** clients (pid + start time, psutil) and **leaving** ones (their
+  mailbox says so) so the core can detach their sessions, then **remove**
+  them: their slab slots reclaimed, their mailbox emptied, their slot FREE for
+  the next client. A slot the daemon holds is judged by its own record and
+  that client's mailbox alone, never by the claims, which every client can
+  write: a scribbled claim disturbs no client being served;
 - free a CLAIMED slot whose claimer died before finishing the claim (after a
   grace period);
 - pick the **due** sessions fairly: a session steps only while it has credit
@@ -22,7 +27,9 @@ Answers to a client go out on its outbox ring; when the ring is full they wait
 in a backlog bounded in bytes, never growing without limit. Past the bound an
 answer is dropped and counted: the client is told how many once it reads
 again, and a client that keeps its backlog overflowing is disconnected
-(**revoke**: its slot turns REVOKED, which it sees at its next call).
+(**revoke**: its slot turns REVOKED in the roster, which it sees at its next
+call; the slot is free again once its mailbox says it left, or it died). A
+ring whose header the client garbled is treated as a full one.
 """
 
 from __future__ import annotations
@@ -36,10 +43,11 @@ from typing import Any
 import numpy as np
 
 from rte.ipc import figures
-from rte.ipc.claims import ClientState
-from rte.ipc.control import ClientBlock, Control
+from rte.ipc.claims import ClientEntry, ClientState
+from rte.ipc.control import Control
 from rte.ipc.figures import SessionFigures
-from shm import Doorbell, Ring, RingFull, Segment, Slab, is_alive
+from rte.ipc.mailbox import ClientBlock, Mailbox
+from shm import Doorbell, Ring, RingCorrupt, RingFull, Segment, Slab, is_alive
 from shm.fifo import FifoBell
 from shm.segment import HEADER_SIZE
 
@@ -58,6 +66,8 @@ class Connection:
     outbox: Ring
     backlog_limit: int
     block: ClientBlock
+    mailbox: Mailbox
+    generation: int = 0  # of the claim it was adopted for
     sessions: list[str] = field(default_factory=list)
     handles: dict[str, int] = field(default_factory=dict)  # session -> handle
     backlog: collections.deque[bytes | bytearray] = field(default_factory=collections.deque)
@@ -133,7 +143,7 @@ class Connection:
             try:
                 self.outbox.push_nowait(record)
                 return True
-            except RingFull:
+            except (RingFull, RingCorrupt):  # (corrupt: the client garbled its own ring)
                 pass
         if self.backlog_bytes + len(record) > self.backlog_limit:
             self.dropped += 1
@@ -148,7 +158,7 @@ class Connection:
         while self.backlog:
             try:
                 self.outbox.push_nowait(self.backlog[0])
-            except RingFull:
+            except (RingFull, RingCorrupt):
                 return
             self.backlog_bytes -= len(self.backlog.popleft())
         self.overflowing_since = None  # all out: it reads again
@@ -177,43 +187,66 @@ class ClientTable:
         self.client_bells = client_bells
         self.client_wakes = client_wakes
         self.connections: dict[int, Connection] = {}
+        self.revoked: dict[int, Connection] = {}  # until the client leaves or dies
         self.backlog_limit = 2 * control.layout.ring_capacity
         self.figures = figures
         self.period_ns = period_ns
 
     def scan(self) -> list[Connection]:
-        """Adopt new clients, free abandoned claims; returns the dead connections
-        (still in the table: detach their sessions, then :meth:`remove` them)."""
+        """Adopt new clients, free abandoned claims and revoked slots whose client
+        left; returns the dead or leaving connections (still in the table: detach
+        their sessions, then :meth:`remove` them)."""
         dead = []
-        table = self.control.table
-        for entry in table.entries():
-            known = self.connections.get(entry.index)
-            if known is not None:
-                if entry.state is ClientState.CLOSING:  # it left without a BYE
+        claims = self.control.claim_table
+        for index in range(claims.max_clients):
+            known = self.connections.get(index)
+            if known is not None:  # ours: its mailbox and the process table decide
+                if known.mailbox.leaving:  # it left without a BYE
                     dead.append(known)
                 elif not is_alive(known.pid, known.start):
                     log.warning("client %d (pid %d) died; reclaiming", known.index, known.pid)
                     dead.append(known)
-            elif entry.state is ClientState.ACTIVE:
-                self._adopt(entry.index, entry.pid, entry.start, entry.wakes_by_fd)
-            elif entry.state is ClientState.REVOKED and not is_alive(entry.pid, entry.start):
-                table.give_back_revoked(entry.index, entry.generation)
-            elif entry.state is ClientState.CLOSING and not is_alive(entry.pid, entry.start):
-                table.set_state(entry.index, ClientState.FREE)  # scribbled on, then died
-            elif entry.state is ClientState.CLAIMED:
-                age = (time.monotonic_ns() - entry.last_pop_ns) / 1e9
-                if age > CLAIM_GRACE_S:  # its claimer died before finishing the claim
-                    table.abandon(entry.index, entry.generation)
+                continue
+            revoked = self.revoked.get(index)
+            if revoked is not None:
+                if revoked.mailbox.leaving or not is_alive(revoked.pid, revoked.start):
+                    del self.revoked[index]
+                    self._free(revoked)
+                continue
+            claim = claims.entry(index)
+            if claim.state is ClientState.ACTIVE:
+                self._adopt(claim)
+            elif claim.state is ClientState.CLAIMED:
+                age = (time.monotonic_ns() - claim.since_ns) / 1e9
+                if not 0 <= age <= CLAIM_GRACE_S:  # its claimer died before finishing it
+                    claims.abandon(index, claim.generation)
+            elif claims.garbled(index):  # written over while free: free again
+                claims.free(index, claim.generation)
         return dead
 
-    def _adopt(self, index: int, pid: int, start: float, wakes_by_fd: bool) -> None:
+    def _adopt(self, claim: ClientEntry) -> None:
+        index = claim.index
+        if not is_alive(claim.pid, claim.start):  # gone already, or a claim written over
+            self.control.claim_table.free(index, claim.generation)
+            return
         layout = self.control.layout
-        inbox = Ring(self.segment, layout.inbox(index), doorbell=self.bell, policy="spin")
-        bell = (self.client_wakes if wakes_by_fd else self.client_bells)[index]
-        outbox = Ring(self.segment, layout.outbox(index), doorbell=bell, policy="spin")
-        block = self.control.client_block(index)
-        block.reset()
-        connection = Connection(index, pid, start, inbox, outbox, self.backlog_limit, block)
+        mailbox = self.control.mailboxes[index]
+        mailbox.inbox.doorbell = self.bell
+        mailbox.outbox.doorbell = (self.client_wakes if claim.wakes_by_fd else self.client_bells)[
+            index
+        ]
+        mailbox.block.reset()
+        connection = Connection(
+            index,
+            claim.pid,
+            claim.start,
+            mailbox.inbox,
+            mailbox.outbox,
+            self.backlog_limit,
+            mailbox.block,
+            mailbox,
+            claim.generation,
+        )
         if self.figures is not None:  # a new client's figures start empty
             handles = layout.max_sessions
             each = figures.size(handles)
@@ -221,7 +254,10 @@ class ClientTable:
             connection.figures = SessionFigures(mine, handles, self.period_ns)
             connection.figures.clear()
         self.connections[index] = connection
-        log.info("client %d (pid %d) connected; %d clients", index, pid, len(self.connections))
+        self.control.table.adopt(claim)
+        log.info(
+            "client %d (pid %d) connected; %d clients", index, claim.pid, len(self.connections)
+        )
 
     def remove(self, connection: Connection, *, revoked: bool = False) -> None:
         """Give back everything a client held (its sessions are detached already).
@@ -230,14 +266,27 @@ class ClientTable:
         alive and ``revoked``, REVOKED until it leaves or dies: its rings are
         no longer read either way.
         """
-        index, table = connection.index, self.control.table
-        table.set_state(index, ClientState.CLOSING)
+        index, roster = connection.index, self.control.table
+        roster.set_state(index, ClientState.CLOSING)
         del self.connections[index]
         self.slab.reclaim(index)
         connection.inbox.reset()
         connection.outbox.reset()
-        table.set_sessions(index, 0)
-        table.set_state(index, ClientState.REVOKED if revoked else ClientState.FREE)  # last
+        roster.set_sessions(index, 0)
+        if revoked and not connection.mailbox.leaving:
+            self.revoked[index] = connection
+            roster.set_state(index, ClientState.REVOKED)
+        else:
+            self._free(connection)
+
+    def _free(self, connection: Connection) -> None:
+        """The slot is free: its mailbox emptied, then the roster, then the claim
+        (last: a claimer that sees the claim free finds the roster free too)."""
+        index = connection.index
+        connection.mailbox.clear(time.monotonic_ns())
+        self.control.table.set_sessions(index, 0)
+        self.control.table.set_state(index, ClientState.FREE)
+        self.control.claim_table.free(index, connection.generation)
 
     def overflowing(self, now: float, limit: float) -> list[Connection]:
         """Connections that have dropped answers for more than ``limit`` seconds
@@ -299,7 +348,7 @@ class ClientTable:
                 c.stalled_since = None
                 continue
             c.stalled_since = c.stalled_since or now
-            last_pop = self.control.table.last_pop_ns(c.index) / 1e9
+            last_pop = c.mailbox.last_pop_ns / 1e9
             if now - max(c.stalled_since, last_pop) > limit:
                 c.stalled_since = None
                 idle.append(c)

@@ -1,19 +1,23 @@
-"""The daemon's control segment: what the daemon, its clients and inspectors share.
+"""The daemon's control segment: what the daemon tells its clients and inspectors.
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
                     next tick time (paced), delivery histogram (rte.ipc.latency)
     page 2          daemon block, continued: step-time histogram, both histograms' sums,
                     real time (capacity, pace, attached, reduced, cost model, ticks)
-    page 3...       client table: one 128-byte entry per client slot (rte.ipc.claims)
-    then            per client slot, its credit block (:class:`ClientBlock`)
-    then            per client slot, two rings: inbox (client -> daemon), outbox
+    page 3...       the roster: one 128-byte entry per client slot (rte.ipc.claims)
 
-Every word that two processes write is read and written through the C atomics
+Written by the daemon alone: every client and inspector maps it read-only, so
+no client can touch the daemon's state, counters or another client's entry.
+What a client writes lies elsewhere: its claim in the claims segment (the one
+segment every client maps writable, :mod:`rte.ipc.claims`), its rings and
+credits in its own mailbox (:mod:`rte.ipc.mailbox`), mapped by it and the
+daemon alone. The slab and the rest are their own segments (:mod:`rte.ipc.names`).
+
+Every word that two processes share is read and written through the C atomics
 (``shm.native``); the JSON manifest is written once before the state turns
 READY (a release store), so a reader that saw READY reads it whole. Counters
 live here so that a tool can read a live daemon without asking it anything.
-The slab is its own segment (see :mod:`rte.ipc.names`).
 
 A reader must not trust the settings before it has seen READY (the segment's
 magic is published before the daemon has written them), so :attr:`Control.layout`
@@ -31,12 +35,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from rte.contract import Manifest
 from rte.ipc import latency
-from rte.ipc.claims import ENTRY, ClaimTable
-from shm import Ring, Segment, SegmentError
+from rte.ipc.claims import ENTRY, ClaimTable, Roster
+from rte.ipc.mailbox import Mailbox
+from shm import Segment, SegmentError
 from shm.native import lib
 from shm.segment import HEADER_SIZE, PAGE, page_align
 
@@ -44,6 +47,8 @@ KIND_CONTROL = 0x52544531  # "RTE1"
 KIND_SLAB = 0x52544532  # "RTE2"
 KIND_INPUTS = 0x52544533  # "RTE3"
 KIND_FIGURES = 0x52544534  # "RTE4"
+KIND_CLAIMS = 0x52544535  # "RTE5"
+KIND_MAILBOX = 0x52544536  # "RTE6"
 MAX_MANIFEST = 2048
 MAX_CLIENTS = 1024
 MAX_SESSIONS = 1 << 16
@@ -73,7 +78,7 @@ class Counter(enum.IntEnum):
 
 
 # daemon block word offsets (bytes from the block start)
-_STATE, _HEARTBEAT, _HEARTBEAT_NS, _CLAIMS, _NEXT_TICK = 0, 8, 16, 32, 40
+_STATE, _HEARTBEAT, _HEARTBEAT_NS, _NEXT_TICK = 0, 8, 16, 40
 _SETTINGS = 64  # max_clients, ring_capacity, max_sessions
 _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
@@ -101,52 +106,10 @@ class RealTimeWord(enum.IntEnum):
     MARGIN_PERMILLE = 9  # the share of the period kept free, in thousandths
 
 
-# client block word indices
-_STARVED, _CLIENT_HISTOGRAM = 0, 8
-_CONSUMED = _CLIENT_HISTOGRAM + latency.BUCKETS
-
-
-class ClientBlock:
-    """One client slot's credit block, shared by the client and the daemon.
-
-    - ``consumed[h]``: chunks of the session with handle ``h`` the client has
-      released (written by the client only; the daemon compares it with what
-      it emitted to know whether the session has credit left);
-    - ``starved``: set by the daemon before it sleeps while this client's
-      sessions have no credit; the client that releases a chunk clears it
-      and rings the daemon's doorbell (so it rings only when the daemon waits
-      for it, once);
-    - ``histogram``: pushed-to-taken delivery times (:mod:`rte.ipc.latency`).
-    """
-
-    def __init__(self, segment: Segment, offset: int, max_sessions: int) -> None:
-        raw = segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions))
-        words = raw.cast("Q")  # the client's per-chunk view: plain words, no NumPy call
-        self.starved = segment.word(offset + 8 * _STARVED)
-        self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
-        self.tally = words[_CONSUMED:]  # the client adds to these
-        self.consumed = np.frombuffer(raw, dtype=np.uint64)[_CONSUMED:]  # the daemon reads
-
-    @staticmethod
-    def size(max_sessions: int) -> int:
-        return 128 * -(-(8 * (_CONSUMED + max_sessions)) // 128)
-
-    def starve(self) -> None:
-        """The daemon waits for this client (full barrier: then it re-checks credit)."""
-        lib.shm_cas(self.starved, 0, 1)
-
-    def feed(self) -> bool:
-        """Clear ``starved`` (full barrier after the consumed counts); True when it was set."""
-        return bool(lib.shm_cas(self.starved, 1, 0))
-
-    def reset(self) -> None:
-        """For a new client in this slot (the daemon's, before it is adopted)."""
-        lib.shm_store_release(self.starved, 0)
-
-
 @dataclass(frozen=True)
 class Layout:
-    """Where everything lies in the control segment, from the settings alone."""
+    """Where everything lies in the control segment, and how big the claims and
+    each mailbox are, from the settings alone."""
 
     max_clients: int
     ring_capacity: int
@@ -158,28 +121,27 @@ class Layout:
 
     @property
     def table(self) -> int:
-        return HEADER_SIZE + 2 * PAGE  # after the daemon block
-
-    @property
-    def client_blocks(self) -> int:
-        return page_align(self.table + ENTRY * self.max_clients)
-
-    def client_block(self, client: int) -> int:
-        return self.client_blocks + client * ClientBlock.size(self.max_sessions)
-
-    @property
-    def rings(self) -> int:
-        return page_align(self.client_block(self.max_clients))
-
-    def inbox(self, client: int) -> int:
-        return self.rings + 2 * client * Ring.footprint(self.ring_capacity)
-
-    def outbox(self, client: int) -> int:
-        return self.inbox(client) + Ring.footprint(self.ring_capacity)
+        """The roster (after the daemon block)."""
+        return HEADER_SIZE + 2 * PAGE
 
     @property
     def size(self) -> int:
-        return self.inbox(self.max_clients)
+        """The control segment's bytes."""
+        return page_align(self.table + ENTRY * self.max_clients)
+
+    @property
+    def claims_size(self) -> int:
+        return page_align(ClaimTable.size(self.max_clients))
+
+    @property
+    def mailbox_size(self) -> int:
+        """One client slot's mailbox (:mod:`rte.ipc.mailbox`)."""
+        return page_align(Mailbox.size(self.ring_capacity, self.max_sessions))
+
+    @property
+    def shared_bytes(self) -> int:
+        """The control segment, the claims and every mailbox, together."""
+        return self.size + self.claims_size + self.max_clients * self.mailbox_size
 
 
 def manifest_to_json(manifest: Manifest) -> bytes:
@@ -193,13 +155,25 @@ def manifest_from_json(data: bytes) -> Manifest:
 
 
 class Control:
-    """Typed access to a control segment (the daemon's, a client's or a tool's view)."""
+    """Typed access to a control segment (the daemon's, a client's or a tool's view).
 
-    def __init__(self, segment: Segment) -> None:
+    ``claims``: the claims segment, where a client (or the daemon) has it mapped;
+    ``mailboxes``: the daemon's own, one per client slot (a client has none here).
+    """
+
+    def __init__(
+        self,
+        segment: Segment,
+        claims: Segment | None = None,
+        mailboxes: list[Mailbox] | None = None,
+    ) -> None:
         self.segment = segment
+        self.claims_segment = claims
+        self.mailboxes = mailboxes or []
         self._words: dict[int, Any] = {}
         self._layout: Layout | None = None
-        self._table: ClaimTable | None = None
+        self._table: Roster | None = None
+        self._claim_table: ClaimTable | None = None
 
     @property
     def layout(self) -> Layout:
@@ -228,17 +202,31 @@ class Control:
         return self._layout
 
     @property
-    def table(self) -> ClaimTable:
-        """The client table (see :mod:`rte.ipc.claims`)."""
+    def table(self) -> Roster:
+        """The daemon's roster of client slots (see :mod:`rte.ipc.claims`)."""
         if self._table is None:
             layout = self.layout
-            self._table = ClaimTable(
-                self.segment, layout.table, layout.max_clients, self._word(_CLAIMS)
-            )
+            self._table = Roster(self.segment, layout.table, layout.max_clients)
         return self._table
 
+    @property
+    def claim_table(self) -> ClaimTable:
+        """The claims (see :mod:`rte.ipc.claims`); SegmentError where not mapped."""
+        if self._claim_table is None:
+            if self.claims_segment is None:
+                raise SegmentError(f"{self.segment.name}: the claims are not mapped here")
+            self._claim_table = ClaimTable(self.claims_segment, self.layout.max_clients)
+        return self._claim_table
+
     @classmethod
-    def initialise(cls, segment: Segment, layout: Layout, manifest: Manifest) -> Control:
+    def initialise(
+        cls,
+        segment: Segment,
+        layout: Layout,
+        manifest: Manifest,
+        claims: Segment | None = None,
+        mailboxes: list[Mailbox] | None = None,
+    ) -> Control:
         """Write the daemon block of a new segment (state STARTING); the
         settings and manifest become visible to readers with READY."""
         block = segment.bytes_at(layout.block, PAGE)
@@ -250,7 +238,7 @@ class Control:
         )
         struct.pack_into("<I", block, _MANIFEST, len(raw))
         block[_MANIFEST + 4 : _MANIFEST + 4 + len(raw)] = raw
-        control = cls(segment)
+        control = cls(segment, claims, mailboxes)
         control._layout = layout
         return control
 
@@ -285,19 +273,8 @@ class Control:
 
     @property
     def claims(self) -> int:
-        """Client slots ever claimed: a daemon that sees it change adopts at once."""
-        return int(lib.shm_load_acquire(self._word(_CLAIMS)))
-
-    def client_block(self, client: int) -> ClientBlock:
-        """Client slot ``client``'s credit block (see :class:`ClientBlock`)."""
-        layout = self.layout
-        return ClientBlock(self.segment, layout.client_block(client), layout.max_sessions)
-
-    def client_histogram(self, client: int) -> latency.Histogram:
-        """Client slot ``client``'s pushed-to-taken delivery times (readable read-only)."""
-        layout = self.layout
-        at = layout.client_block(client) + 8 * _CLIENT_HISTOGRAM
-        return latency.Histogram(self.segment.bytes_at(at, 8 * latency.BUCKETS).cast("Q"))
+        """Client slots ever activated: a daemon that sees it change adopts at once."""
+        return self.claim_table.claims
 
     @property
     def histogram(self) -> latency.Histogram:

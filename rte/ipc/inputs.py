@@ -144,6 +144,8 @@ class Inputs:
             slab.data_offset, np.dtype(np.uint8), size, (size,), readonly=False
         )
         data.fill(0)
+        # and its slot words laid out anew: the client may have written anything there
+        self.slabs[client] = create_slab(slab.segment, slab.slots, slab.slot_size)
         return reclaimed
 
     def taken(self, session: str, keys: Iterable[str], samples: dict[str, Sample]) -> None:

@@ -12,8 +12,9 @@ client's pushed-to-taken; :func:`delivery_us` turns them into percentiles.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -22,11 +23,20 @@ import numpy as np
 from rte.errors import DaemonRunningError
 from rte.ipc import figures, latency
 from rte.ipc.claims import ClientState
-from rte.ipc.control import KIND_CONTROL, KIND_FIGURES, KIND_INPUTS, KIND_SLAB, Control
+from rte.ipc.control import (
+    KIND_CONTROL,
+    KIND_FIGURES,
+    KIND_INPUTS,
+    KIND_MAILBOX,
+    KIND_SLAB,
+    Control,
+    Layout,
+)
 from rte.ipc.figures import SessionFigures
+from rte.ipc.mailbox import Mailbox
 from rte.ipc.names import DaemonNames
 from rte.ipc.wire import describe
-from shm import Ring, Segment, ShmError, Slab, SlotState, is_alive
+from shm import Segment, ShmError, Slab, SlotState, is_alive
 from shm.lock import NameLockHeld
 from shm.segment import HEADER_SIZE
 
@@ -68,6 +78,7 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
         "uptime_s": time.time() - segment.created,
         "heartbeat_age_s": control.heartbeat_age_s,
         "model": manifest.model,
+        "pace_hz": control.realtime()["pace_hz"],  # 0: unpaced
         "sessions": sum(c.sessions for c in clients),
         "max_sessions": manifest.max_sessions,
         "clients": len(clients),
@@ -78,7 +89,6 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
 def delivery_us(counts: list[int], before: list[int] | None = None) -> list[float]:
     """p50 and p99 in µs of a delivery histogram (of what was added since
     ``before``, when given: the recent deliveries); [] when there were none."""
-        "pace_hz": control.realtime()["pace_hz"],  # 0: unpaced
     now = np.asarray(counts, np.int64)
     if before is not None:
         now = now - np.asarray(before, np.int64)
@@ -116,13 +126,16 @@ def snapshot(name: str) -> dict[str, Any]:
         for entry in control.table.entries():
             if entry.state is ClientState.FREE:
                 continue
-            rings = {}
-            for label, offset in (
-                ("inbox", layout.inbox(entry.index)),
-                ("outbox", layout.outbox(entry.index)),
-            ):
-                stats = Ring(segment, offset, policy="spin").statistics()
-                rings[label] = asdict(stats) | {"waiting": stats.waiting}
+            rings, taken, last_pop = {}, [0] * latency.BUCKETS, 0
+            try:
+                with _mailbox(names, layout, entry.index) as mailbox:
+                    for label, ring in (("inbox", mailbox.inbox), ("outbox", mailbox.outbox)):
+                        stats = ring.statistics()
+                        rings[label] = asdict(stats) | {"waiting": stats.waiting}
+                    taken = mailbox.block.histogram.counts().tolist()
+                    last_pop = mailbox.last_pop_ns
+            except ShmError:  # gone, or garbled by its client: the row says what it can
+                pass
             active = entry.state is ClientState.ACTIVE
             clients.append(
                 {
@@ -132,9 +145,9 @@ def snapshot(name: str) -> dict[str, Any]:
                     "state": entry.state.name.lower(),
                     "sessions": entry.sessions,
                     "wakes_by": "fd" if entry.wakes_by_fd else "semaphore",
-                    "idle_s": max(0.0, (time.monotonic_ns() - entry.last_pop_ns) / 1e9),
+                    "idle_s": max(0.0, (time.monotonic_ns() - last_pop) / 1e9),
                     "rings": rings,
-                    "pushed_to_taken": control.client_histogram(entry.index).counts().tolist(),
+                    "pushed_to_taken": taken,
                     "session_figures": board(entry.index) if active else [],
                 }
             )
@@ -158,6 +171,13 @@ def snapshot(name: str) -> dict[str, Any]:
         for opened in (slab_segment, *inputs_segments.values()):
             if opened is not None:
                 opened.close()
+
+
+@contextlib.contextmanager
+def _mailbox(names: DaemonNames, layout: Layout, index: int) -> Iterator[Mailbox]:
+    """Client slot ``index``'s mailbox, mapped read-only for as long as the block."""
+    with Segment.open(names.mailbox(index), kind=KIND_MAILBOX, readonly=True) as segment:
+        yield Mailbox.open(segment, layout.ring_capacity, layout.max_sessions)
 
 
 def _figures(names: DaemonNames, layout: Any) -> Callable[[int], list[dict[str, Any]]]:
@@ -249,18 +269,15 @@ def ring_records(name: str, client: int, limit: int = 50) -> dict[str, list[str]
                 f"(clients now: {', '.join(taken) or 'none'})"
             )
         out = {}
-        for label, offset in (
-            ("inbox", control.layout.inbox(client)),
-            ("outbox", control.layout.outbox(client)),
-        ):
-            ring = Ring(segment, offset, policy="spin")
-            records = []
-            for i in range(limit):
-                raw = ring.peek(i)
-                if raw is None:
-                    break
-                records.append(describe(raw))
-            out[label] = records
+        with _mailbox(DaemonNames(name), control.layout, client) as mailbox:
+            for label, ring in (("inbox", mailbox.inbox), ("outbox", mailbox.outbox)):
+                records = []
+                for i in range(limit):
+                    raw = ring.peek(i)
+                    if raw is None:
+                        break
+                    records.append(describe(raw))
+                out[label] = records
         return out
     finally:
         segment.close()

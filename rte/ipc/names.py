@@ -1,8 +1,10 @@
 """The names of one daemon's shared objects, derived here and nowhere else.
 
-A daemon called NAME owns, for this user, a control segment, a slab segment,
-its doorbell, and per client slot a doorbell, a FIFO and an input segment
-(that client's input slots, mapped by it and the daemon alone); they all live
+A daemon called NAME owns, for this user, a control segment (read-only for
+clients), a claims segment (the one every client maps writable), a slab
+segment, its doorbell, and per client slot a doorbell, a FIFO, a mailbox (that
+client's rings and credits) and an input segment (its input slots): a client
+maps its own slot's mailbox and input segment and no other's. They all live
 under one POSIX name stem (``/rte.<uid>.NAME.``), so everything a daemon ever
 created, or a crashed one left behind, is found by that stem (``shm.names`` maps names to
 the files in ``/dev/shm``). After iceoryx2's ``ServiceName``: one value object,
@@ -49,6 +51,17 @@ class DaemonNames:
         """Each session's real-time figures (:mod:`rte.ipc.figures`): written by the
         daemon alone, mapped read-only by everyone else."""
         return shm_name(self.daemon, "figures")
+
+    @property
+    def claims(self) -> str:
+        """Where clients claim their slots (:mod:`rte.ipc.claims`): the one segment
+        every client maps writable."""
+        return shm_name(self.daemon, "claims")
+
+    def mailbox(self, index: int) -> str:
+        """The mailbox of client slot ``index``: its rings and credit block, mapped
+        by that client and the daemon alone (:mod:`rte.ipc.mailbox`)."""
+        return shm_name(self.daemon, f"m{index}")
 
     def client_inputs(self, index: int) -> str:
         """The input segment of client slot ``index``: the slab through which that

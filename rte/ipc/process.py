@@ -9,8 +9,9 @@ This module owns the process's life, nothing else:
 - **the name**: a :class:`~shm.lock.NameLock` makes one process at a time
   the owner of NAME; a live owner is refused (:class:`DaemonRunningError`),
   a dead one's leftovers are removed;
-- **resources in an exit stack**: the control segment, the slab, the doorbells
-  and the rings are created in order and each registers its own undoing, so
+- **resources in an exit stack**: the control segment, the claims, each client
+  slot's mailbox (its rings) and input segment, the slab and the doorbells are
+  created in order and each registers its own undoing, so
   any failure part-way, and every normal stop, unlinks exactly what exists;
 - **the worker thread**: :class:`~rte.ipc.core.DaemonCore` runs on it for the
   engine's whole life; the main thread waits for it and reports its failure.
@@ -34,22 +35,25 @@ from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
 from rte.ipc import figures
 from rte.ipc import inputs as input_slab
 from rte.ipc.control import (
+    KIND_CLAIMS,
     KIND_CONTROL,
     KIND_FIGURES,
     KIND_INPUTS,
+    KIND_MAILBOX,
     KIND_SLAB,
     Control,
     DaemonState,
     Layout,
 )
 from rte.ipc.core import DaemonCore, Shared
+from rte.ipc.mailbox import Mailbox
 from rte.ipc.metrics import serve_metrics
 from rte.ipc.names import DaemonNames
 from rte.ipc.settings import Settings
 from rte.ipc.signals import StopSignals
 from rte.models import load_model
 from rte.stages import StageModel
-from shm import Doorbell, Ring, Segment, SegmentError, ShmError, Slab
+from shm import Doorbell, Segment, SegmentError, ShmError, Slab
 from shm.fifo import FifoBell
 from shm.lock import NameLock, NameLockHeld
 from shm.segment import HEADER_SIZE
@@ -253,7 +257,14 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     names, n = settings.names, settings.max_clients
     layout = Layout(n, settings.ring_capacity, manifest.max_sessions)
     segment = _owned(stack, Segment.create(names.control, layout.size, kind=KIND_CONTROL))
-    control = Control.initialise(segment, layout, manifest)
+    claims = _owned(stack, Segment.create(names.claims, layout.claims_size, kind=KIND_CLAIMS))
+    mailboxes = []  # each client slot's rings and credits, in a segment of its own
+    for i in range(n):
+        mine = Segment.create(names.mailbox(i), layout.mailbox_size, kind=KIND_MAILBOX)
+        mailboxes.append(
+            Mailbox.create(_owned(stack, mine), settings.ring_capacity, manifest.max_sessions)
+        )
+    control = Control.initialise(segment, layout, manifest, claims, mailboxes)
     slab_bytes = HEADER_SIZE + Slab.footprint(
         HEADER_SIZE, settings.slab_slot_count, manifest.latent_nbytes, n
     )
@@ -271,9 +282,6 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
     bell = _owned(stack, Doorbell(names.bell, create=True))
     client_bells = [_owned(stack, Doorbell(names.client_bell(i), create=True)) for i in range(n)]
     client_wakes = [_owned(stack, FifoBell(names.client_wake(i), create=True)) for i in range(n)]
-    for i in range(n):
-        Ring.create(segment, layout.inbox(i), settings.ring_capacity, policy="spin")
-        Ring.create(segment, layout.outbox(i), settings.ring_capacity, policy="spin")
     inputs = []  # each client's share of the input slots, in a segment of its own
     if settings.input_slab_slots:
         share, slot_bytes = settings.input_slab_slots // n, settings.input_slot_kib * 1024

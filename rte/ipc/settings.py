@@ -265,7 +265,7 @@ class Settings:
         n = self.max_clients
         sizes = {
             "slab": HEADER_SIZE + Slab.footprint(HEADER_SIZE, self.slab_slot_count, chunk_bytes, n),
-            "control": Layout(n, self.ring_capacity, self.rows).size,
+            "control": Layout(n, self.ring_capacity, self.rows).shared_bytes,
         }
         share = self.input_slab_slots // n
         if share:  # each client's share in a segment of its own
