@@ -276,6 +276,10 @@ def test_the_real_time_benchmark_reports_every_part_against_its_peer() -> None:
     assert [r["layout"] for r in result["processes"]] == ["one daemon per session", "one daemon"]
     for row in result["processes"]:
         assert row["rss_mib"] > 0 and 0 <= row["in_real_time"] <= row["sessions"]
+    text = readme_tables.render({"realtime": result})
+    for name in ("ramp", "churn", "overload", "processes"):
+        assert f"<!-- realtime {name} -->" in text
+    assert text.count("\n| realtime |") == 1 + sum(r["admission"] == "realtime" for r in ramp)
 
 
 def test_on_time_is_a_gap_of_at_most_a_period_and_a_half_over_the_periods_that_passed() -> None:

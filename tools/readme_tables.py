@@ -159,12 +159,54 @@ def transport_latent(result: dict[str, Any]) -> str:
     return table(["handing a latent to another process", *sizes], body, "l" + "r" * len(sizes))
 
 
+def _columns(rows: list[Row], columns: list[tuple[str, str]]) -> str:
+    """A table of ``rows`` by (key, heading); text left, numbers right."""
+    cells = [[r[k] if isinstance(r[k], str) else num(r[k]) for k, _ in columns] for r in rows]
+    align = "".join("l" if rows and isinstance(rows[0][k], str) else "r" for k, _ in columns)
+    return table([h for _, h in columns], cells, align)
+
+
+def realtime_ramp(result: dict[str, Any]) -> str:
+    head = f"published capacity {result['capacity']}, knee without admission {result['knee']}"
+    columns = [("admission", "admission"), ("published", "published"), ("offered", "offered")]
+    columns += [("admitted", "admitted"), ("fps_min", "fps min"), ("fps_median", "fps median")]
+    columns += [("on_time_min_pct", "on time min %"), ("on_time_median_pct", "on time median %")]
+    columns += [("gap_p99_ms", "gap p99 ms"), ("rows_per_step", "rows/step")]
+    return head + "\n\n" + _columns(result["ramp"], columns)
+
+
+def realtime_churn(result: dict[str, Any]) -> str:
+    columns = [("admission", "admission"), ("served", "served"), ("refused", "refused")]
+    columns += [("on_time_p1_pct", "on time p1 %"), ("on_time_p50_pct", "on time p50 %")]
+    columns += [("ttfc_p50_ms", "first chunk p50 ms"), ("ttfc_p99_ms", "p99 ms")]
+    columns += [("photon_p50_ms", "input to photon p50 ms"), ("photon_p95_ms", "p95 ms")]
+    columns += [("stalls_per_min", "stalls / session-min")]
+    return _columns(result["churn"], columns)
+
+
+def realtime_overload(result: dict[str, Any]) -> str:
+    columns = [("phase", "phase"), ("priority", "priority"), ("sessions", "sessions")]
+    columns += [("on_time_pct", "on time %"), ("rate_pct", "rate %")]
+    columns += [("reduced_notices", "REDUCED notices")]
+    return _columns(result["overload"], columns)
+
+
+def realtime_processes(result: dict[str, Any]) -> str:
+    columns = [("layout", "layout"), ("sessions", "sessions"), ("in_real_time", "in real time")]
+    columns += [("on_time_median_pct", "on time median %"), ("rss_mib", "daemons' RSS MiB")]
+    return _columns(result["processes"], columns)
+
+
 TABLES: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("engine", "engine", engine),
     ("e2e", "e2e flat", e2e_flat),
     ("e2e", "e2e paced", e2e_paced),
     ("transport", "transport round trip", transport_round_trip),
     ("transport", "transport latent handoff", transport_latent),
+    ("realtime", "realtime ramp", realtime_ramp),
+    ("realtime", "realtime churn", realtime_churn),
+    ("realtime", "realtime overload", realtime_overload),
+    ("realtime", "realtime processes", realtime_processes),
 ]
 
 
