@@ -41,7 +41,7 @@ from rte.models.prompt_move import PromptMoveModel
 from rte.stages import Batch
 
 WEIGHTS = Path(__file__).with_name("world_weights.npz")
-WEIGHTS_SHA256 = "f5ff0dd3fe9e8af14616d060ac57b03339c91cf88185aa656dcdd43c324f5043"
+WEIGHTS_SHA256 = "caeb2fe596fdea4b3079b10811c0208865b5cb974df33c3dd10cc0094b4cb440"
 LATENT = 8  # channels of the latent, per pixel
 EMBED = 16  # the prompt's vector
 BUCKETS = 512  # hashed word buckets of the prompt encoder
