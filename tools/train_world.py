@@ -19,7 +19,7 @@ AVX2 or AVX-512 code by CPU, Intel or AMD, with other roundings) and ATen's
 baseline kernels do not). Both are read once, when torch loads, so the command
 runs itself again with them set when they are not. What the bytes still depend
 on: torch's version (the ``torch`` extra pins it) and NumPy's random generator
-and arithmetic (the shipped file: numpy 2.4.6). About ten minutes on one core.
+and arithmetic (the shipped file: numpy 2.4.6). 10 to 20 minutes on one core.
 
 Each step draws a batch of views of :mod:`rte.models.worldgen`
 (a random look from a random prompt, a random camera, a random move since the
