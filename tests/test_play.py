@@ -297,8 +297,8 @@ def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
 
 @pytest.fixture
 def play(daemon: DaemonProcess) -> Iterator[Play]:
-    """``rte play --name`` of that daemon."""
-    process = Play("--name", daemon.name)
+    """``rte play --name`` of that daemon, its WebSocket fallback (WebRTC: test_webrtc)."""
+    process = Play("--name", daemon.name, "--wait", "30", "--transport", "websocket")
     yield process
     process.stop()
 
@@ -482,14 +482,14 @@ def test_a_killed_daemon_is_engine_gone_in_the_page(
     try:
         in_browser(browser, body)
         assert play.wait(15) == 1
-        lines = play.said().strip().splitlines()
+        lines = [x for x in play.said().strip().splitlines() if "waiting up to" not in x]
         assert len(lines) == 1 and lines[0].startswith("rte play: daemon"), lines
     finally:
         DaemonNames(daemon.name).remove_leftovers()
 
 
 def test_play_launches_its_own_daemon_and_sigterm_stops_everything(browser: str) -> None:
-    play = Play("--max-sessions", "2")
+    play = Play("--max-sessions", "2", "--transport", "websocket")
     pids = []
     try:
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from rte.errors import ConfigurationError
@@ -66,6 +67,40 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_PROMPT,
         help=f"a new tab's first prompt (default {DEFAULT_PROMPT!r})",
     )
+    p.add_argument(
+        "--transport",
+        choices=("webrtc", "websocket"),
+        default="webrtc",
+        help="webrtc (default): encoded video and a data channel, the page falls back to "
+        "the WebSocket if its browser cannot; websocket: raw RGB frames over a WebSocket only",
+    )
+    p.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        metavar="URL[,USER,PASSWORD]",
+        help="a STUN or TURN server for WebRTC (repeatable; none by default: this machine "
+        "and its LAN need none, a viewer behind NAT needs one)",
+    )
+    p.add_argument(
+        "--ice-host",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="a local address WebRTC offers its media on (repeatable; default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=0,
+        help="the video's integer upscale of a frame (default 0: its long side to 256 px)",
+    )
+    p.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="record each session to DIR/SESSION.mp4 with its actions in DIR/SESSION.jsonl",
+    )
     p.set_defaults(func=play)
 
 
@@ -84,6 +119,18 @@ def play(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--pace-hz {args.pace_hz}: 0 (flat out) or more")
     if not 0 <= args.wait < math.inf:
         raise ConfigurationError(f"--wait {args.wait}: 0 (no waiting) or more seconds")
+    if args.transport == "webrtc" or args.record is not None:
+        try:
+            import rte.play.webrtc  # noqa: F401, PLC0415 (aiortc and PyAV: only here)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] not in ("aiortc", "av", "aioice"):
+                raise
+            raise ConfigurationError(
+                f"rte play's video needs {exc.name}: pip install 'rte[play]' "
+                "(or --transport websocket without --record)"
+            ) from None
+    if args.scale < 0:
+        raise ConfigurationError(f"--scale {args.scale}: 0 (automatic) or more")
     if args.name is not None and args.wait > 0:
         print(f"rte play: waiting up to {args.wait:g} s for daemon {args.name!r}", file=sys.stderr)
 
@@ -98,5 +145,10 @@ def play(args: argparse.Namespace) -> int:
             prompt=args.prompt,
             device=args.device,
             wait_s=args.wait,
+            transport=args.transport,
+            ice_servers=tuple(args.ice_server),
+            ice_hosts=tuple(args.ice_host) or ("127.0.0.1",),
+            scale=args.scale,
+            record=args.record,
         )
     )

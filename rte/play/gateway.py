@@ -1,39 +1,39 @@
 """The gateway of ``rte play``: browser tabs in, one asyncio client of the daemon out.
 
-Each tab's WebSocket is a session of the daemon, attached with one credit
+A tab reaches it over WebRTC (:mod:`rte.play.webrtc`: encoded video, a data
+channel) or over a WebSocket (here: raw RGB, the fallback); both are a
+:class:`Tab`, whose session, steering, receipts and recording live here, so
+the two transports differ only in how a frame and a text leave.
+
+Each tab is a session of the daemon, attached with one credit
 through the gateway's single :class:`~rte.client.AsyncClient`. One reader task
 polls the client's batches, copies each row's RGB bytes out, releases the
-batch at once and offers the copy to its tab; each tab has a sender task and a
-mailbox of one frame (and a few text messages), so a tab whose socket is
+batch at once and offers the copy to its tab; each tab has a sender (a task,
+or the WebRTC track) and a mailbox of one frame (and a few text messages),
+so a tab whose socket or encoder is
 behind loses frames (counted) and old messages instead of stalling the reader,
 the other tabs or the daemon, and nothing is queued without bound. A tab is
 sent at most ``max_fps`` frames a second.
 
-What crosses a tab's socket:
-
-* to the page, binary: :data:`HEADER` (chunk index, the ``seq`` of the page's
-  last action this frame is the first after, height, width, the gateway's
-  action-to-frame latency in µs or :data:`NO_LATENCY`), then the RGB bytes;
-* to the page, text (JSON): ``hello`` (session, daemon, model, prompt, shape),
-  ``error`` (a refusal of the daemon's, or of the gateway's), ``gone`` (the
-  daemon died: its EngineGone text; the socket closes), ``closed`` (no
-  session for this tab, say the arena is full: why; the socket closes),
-  ``bye`` (we stop);
-* from the page, text (JSON): ``{"move": [dy, dx]}``, ``{"prompt": text}`` or
-  ``{"reset": true}``, each with a ``seq``.
+What crosses a transport is :mod:`rte.play.websocket`'s and
+:mod:`rte.play.webrtc`'s to say; the messages are the same JSON on both: to
+the page ``hello`` (session, daemon, model, prompt, shape, transport),
+``error`` (a refusal of the daemon's, or of the gateway's), ``gone`` (the
+daemon died: its EngineGone text; the tab's transport closes), ``closed`` (no
+session for this tab, say the arena is full: why), ``bye`` (we stop); from the
+page ``{"move": [dy, dx]}``, ``{"prompt": text}`` or ``{"reset": true}``, each
+with a ``seq``.
 
 A page is not trusted: any message it sends that is not one of those (not
-JSON, nested past the decoder's depth, over :data:`MAX_MESSAGE`, binary,
-unknown, a field of the wrong type or value) is answered with an ``error``
-and changes nothing; the tab and every other tab stream on. Two things end
-the one tab's socket, as the WebSocket protocol says they must: a text frame
-that is not UTF-8 (close code 1007) and a message over :data:`READ_LIMIT`,
-which is never read into memory (1009).
+JSON, nested past the decoder's depth, over :data:`MAX_MESSAGE`, unknown, a
+field of the wrong type or value) is answered with an ``error`` and changes
+nothing; the tab and every other tab stream on.
 
 A move lasts while its key is held, and at least until a frame made after it
-has come (so a tap moves the scene a step or two, however short it is). The action-to-frame
-latency is from an action's arrival at the gateway to the first frame made
-(``generated_ns``) after it, measured here when that frame arrives.
+has come (so a tap moves the scene a step or two, however short it is). Each
+act's ``seq`` (the client's) is kept with the page's; a frame's receipt
+(``applied``) says which page action it is the first to reflect, and the
+action-to-frame latency is from that action's arrival here to that frame's.
 """
 
 from __future__ import annotations
@@ -42,72 +42,122 @@ import asyncio
 import contextlib
 import json
 import logging
-import struct
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import WSMessage, WSMsgType, web
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rte.client import AsyncClient, ChunkBatch, NoticeKind
 from rte.errors import ClientClosedError, EngineGone, RequestError, RteError
 
-HEADER = struct.Struct("<IIHHI")  # chunk, ack seq, height, width, latency µs
+if TYPE_CHECKING:
+    from rte.play.record import Recorder
+
 NO_LATENCY = 0xFFFFFFFF
 POLL_S = 0.25  # the reader's longest wait for a batch
 MAX_MESSAGE = 64 * 1024  # the largest message a page may send
-READ_LIMIT = 16 * 1024 * 1024  # a message up to this is read and refused; past it, 1009
 MAX_SAYING = 8  # text messages a tab may have waiting; older ones are dropped
+MAX_WAITING_ACTS = 256  # actions a tab may have waiting for their frame
 STILL = (0, 0)
 log = logging.getLogger("rte.play")
 
 
 @dataclass
 class Tab:
-    """One browser tab: its session, its socket, and its mailbox: one frame and
-    a few text messages."""
+    """One browser tab: its session, its mailbox (one frame and a few text
+    messages), its receipts and its counts; ``end`` says a last message and
+    closes its transport, ``tell`` (a data channel's) sends a text at once."""
 
     session: str
-    ws: web.WebSocketResponse
+    end: Callable[[dict[str, Any]], Awaitable[None]]
+    transport: str = "websocket"
+    tell: Callable[[str], None] | None = None  # None: texts wait for the sender
     frame: bytes | None = None  # the newest frame not yet sent
     chunk: int = 0
     shape: tuple[int, int] = (0, 0)
+    made_ns: int = 0  # when it began generating (monotonic)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     saying: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_SAYING))
-    action_ns: int = 0  # arrival of the newest action still waiting for its frame
-    action_seq: int = 0
+    acts: deque[tuple[int, int, int]] = field(  # (client seq, page seq, arrival ns)
+        default_factory=lambda: deque(maxlen=MAX_WAITING_ACTS)
+    )
+    applied: int = 0  # the newest client seq a frame reflected
+    shown_seq: int = 0  # the page's seq of the newest action a frame reflected
+    move_seq: int = 0  # the page's seq of the newest move taken (unordered moves)
     ack: tuple[int, int] | None = None  # (seq, latency µs) for the next frame sent
     moved_ns: int = 0  # when the current move was sent (0: still)
     after_move: int = 0  # frames made since then
     stop_pending: bool = False  # a key was let go before its move showed
+    stop_seq: tuple[int, int] = (0, 0)  # that stop's page seq and arrival
     sent: int = 0
     dropped: int = 0
+    recorder: Recorder | None = None
 
-    def offer(self, frame: bytes, chunk: int, shape: tuple[int, int], generated_ns: int) -> None:
+    def offer(
+        self, frame: bytes, chunk: int, shape: tuple[int, int], made_ns: int, applied: int
+    ) -> None:
         """The reader's hand-off: the newest frame replaces an unsent one."""
         if self.frame is not None:
             self.dropped += 1
-        self.frame, self.chunk, self.shape = frame, chunk, shape
-        if self.action_ns and generated_ns > self.action_ns:
-            latency_us = min((time.monotonic_ns() - self.action_ns) // 1000, NO_LATENCY - 1)
-            self.ack, self.action_ns = (self.action_seq, latency_us), 0
+        self.frame, self.chunk, self.shape, self.made_ns = frame, chunk, shape, made_ns
+        if applied > self.applied:
+            self.applied = applied
+            self._shown()
         self.ready.set()
+
+    def acted(self, client_seq: int, page_seq: int, arrived_ns: int) -> None:
+        """An act sent for the page's action ``page_seq``; its frame acks it."""
+        self.acts.append((client_seq, page_seq, arrived_ns))
+        if client_seq <= self.applied:  # a frame came before ``act`` returned
+            self._shown()
+
+    def _shown(self) -> None:
+        last = None
+        while self.acts and self.acts[0][0] <= self.applied:
+            last = self.acts.popleft()
+        if last is not None:
+            latency_us = min((time.monotonic_ns() - last[2]) // 1000, NO_LATENCY - 1)
+            self.shown_seq, self.ack = last[1], (last[1], latency_us)
 
     def say(self, message: dict[str, Any]) -> None:
         """A text message for the page, sent before the next frame."""
+        if self.tell is not None:
+            self.tell(json.dumps(message))
+            return
         self.saying.append(json.dumps(message))
         self.ready.set()
+
+    def statistics(self) -> dict[str, Any]:
+        recorder = self.recorder
+        return {
+            "session": self.session,
+            "transport": self.transport,
+            "chunk": self.chunk,
+            "sent": self.sent,
+            "dropped": self.dropped,
+            "recording": None if recorder is None else recorder.statistics(),
+        }
 
 
 class Gateway:
     """The tabs of one ``rte play`` over one client of the daemon."""
 
-    def __init__(self, client: AsyncClient, *, prompt: str, max_fps: float) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        prompt: str,
+        max_fps: float,
+        record: Path | None = None,
+    ) -> None:
         self.client = client
         self.prompt = prompt
         self.period_s = 1.0 / max_fps
+        self.record = record  # every new tab's session is recorded here
+        self.record_fps = 30.0  # the MP4's nominal rate (its frames carry their own times)
         self.tabs: dict[str, Tab] = {}
         self.gone: str | None = None  # the EngineGone text, once the daemon died
         self.closing = False
@@ -142,8 +192,11 @@ class Gateway:
                 continue
             frame = latents[i]
             shape = (int(frame.shape[0]), int(frame.shape[1]))
-            made = int(generated[i])
-            tab.offer(frame.tobytes(), batch.chunk_index(i), shape, made)
+            made, chunk, applied = int(generated[i]), batch.chunk_index(i), batch.applied_of(i)
+            data = frame.tobytes()
+            tab.offer(data, chunk, shape, made, applied)
+            if tab.recorder is not None:
+                tab.recorder.frame(data, shape, chunk, tab.shown_seq, made)
             if tab.moved_ns and made > tab.moved_ns:
                 tab.after_move += 1
                 if tab.stop_pending:
@@ -169,64 +222,65 @@ class Gateway:
     async def _engine_gone(self, text: str) -> None:
         self.gone = text
         tabs = list(self.tabs.values())
-        await asyncio.gather(
-            *(_say_and_close(t.ws, {"type": "gone", "message": text}) for t in tabs)
-        )
+        await asyncio.gather(*(t.end({"type": "gone", "message": text}) for t in tabs))
+        for tab in tabs:
+            self.stop_recording(tab)
         self.failed.set()
 
     # -- a tab ---------------------------------------------------------------------
 
-    async def socket(self, request: web.Request) -> web.WebSocketResponse:
-        """One tab, from its WebSocket's opening to its close: a session of its own."""
-        ws = web.WebSocketResponse(max_msg_size=READ_LIMIT)
-        await ws.prepare(request)
+    def refusal(self) -> dict[str, Any] | None:
+        """Why a new tab gets no session now (the daemon died, we stop), or None."""
         if self.gone is not None or self.closing:
-            why = {"type": "gone", "message": self.gone or "rte play is stopping"}
-            await _say_and_close(ws, why)
-            return ws
-        self._opened += 1
-        session = f"tab-{self._opened}-{self._id}"
-        try:
-            await self.client.attach(session, {"prompt": self.prompt, "move": STILL}, credits=1)
-        except RteError as exc:  # AdmissionError: the arena is full; EngineGone
-            await _say_and_close(ws, {"type": "closed", "message": f"no session: {exc}"})
-            return ws
-        tab, sender = Tab(session, ws), None
-        try:
-            manifest = self.client.manifest
-            hello = {
-                "type": "hello",
-                "session": session,
-                "daemon": self.client.name,
-                "model": manifest.model,
-                "prompt": self.prompt,
-                "shape": list(manifest.latent_shape),
-            }
-            await ws.send_json(hello)  # before any frame
-            self.tabs[session] = tab
-            sender = asyncio.create_task(self._send_frames(tab))
-            async for message in ws:
-                if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    await self._on_message(tab, message)
-        except (ConnectionError, EngineGone, ClientClosedError):
-            pass  # the page went, or the daemon did (the reader tells the others)
-        finally:
-            self.tabs.pop(session, None)
-            if sender is not None:
-                sender.cancel()
-            if not self.closing and self.gone is None:
-                with contextlib.suppress(RequestError, EngineGone, ClientClosedError):
-                    await self.client.detach(session)
-        return ws
+            return {"type": "gone", "message": self.gone or "rte play is stopping"}
+        return None
 
-    async def _on_message(self, tab: Tab, message: WSMessage) -> None:
-        """Do what the page asks, or tell it why not; never end the tab."""
-        data = page_request(message)
+    async def open_tab(self, tab: Tab) -> str | None:
+        """Attach a session for ``tab`` (named here); why not, if it was refused."""
+        self._opened += 1
+        tab.session = f"tab-{self._opened}-{self._id}"
+        try:
+            await self.client.attach(tab.session, {"prompt": self.prompt, "move": STILL}, credits=1)
+        except RteError as exc:  # AdmissionError: the arena is full; EngineGone
+            return f"no session: {exc}"
+        self.tabs[tab.session] = tab
+        if self.record is not None:
+            self.start_recording(tab, self.record)
+        return None
+
+    def hello(self, tab: Tab) -> dict[str, Any]:
+        manifest = self.client.manifest
+        return {
+            "type": "hello",
+            "session": tab.session,
+            "daemon": self.client.name,
+            "model": manifest.model,
+            "prompt": self.prompt,
+            "shape": list(manifest.latent_shape),
+            "transport": tab.transport,
+        }
+
+    async def close_tab(self, tab: Tab) -> None:
+        """The tab went: its session detaches (unless everything is stopping)."""
+        if self.tabs.pop(tab.session, None) is None:
+            return
+        self.stop_recording(tab)
+        if not self.closing and self.gone is None:
+            with contextlib.suppress(RequestError, EngineGone, ClientClosedError):
+                await self.client.detach(tab.session)
+
+    async def request(
+        self, tab: Tab, data: dict[str, Any] | str, *, unordered: bool = False
+    ) -> None:
+        """Do what the page asks (a parsed message, or why it is not one), or tell
+        it why not; never end the tab. ``unordered``: moves that may arrive out of
+        order, of which one older than the newest taken is dropped."""
         if isinstance(data, str):
             tab.say({"type": "error", "message": f"refused: {data}"})
             return
         seq = data.get("seq", 0)
         seq = seq if type(seq) is int and 0 <= seq < NO_LATENCY else 0
+        arrived = time.monotonic_ns()
         try:
             if "reset" in data:
                 if data["reset"] is not True:
@@ -234,63 +288,71 @@ class Gateway:
                 await self.client.reset(tab.session)
                 tab.moved_ns, tab.stop_pending = 0, False
             elif "move" in data:
-                self._arrived(tab, seq)
-                await self._steer(tab, data["move"])
+                if unordered and seq and seq <= tab.move_seq:
+                    return  # overtaken by a newer move
+                tab.move_seq = max(tab.move_seq, seq)
+                await self._steer(tab, data["move"], seq, arrived)
             elif "prompt" in data:
-                self._arrived(tab, seq)
-                await self.client.act(tab.session, {"prompt": data["prompt"]})
+                sent = await self.client.act(tab.session, {"prompt": data["prompt"]})
+                tab.acted(sent, seq, arrived)
             else:
                 raise RequestError(f"unknown message: {sorted(data)} (move, prompt or reset)")
         except (EngineGone, ClientClosedError):
             raise  # the reader tells every tab
         except RteError as exc:  # refused here (a value the wire cannot carry), or no room
             tab.say({"type": "error", "message": f"refused: {exc}"})
+            return
         except Exception as exc:  # a value the client did not expect: the page's error alone
             log.warning("tab %s: %r refused by %s: %s", tab.session, data, type(exc).__name__, exc)
             tab.say({"type": "error", "message": f"refused: {type(exc).__name__}: {exc}"})
+            return
+        if tab.recorder is not None:
+            tab.recorder.action(data, tab.chunk)
 
-    def _arrived(self, tab: Tab, seq: int) -> None:
-        if not tab.action_ns:  # the oldest action still waiting is the one measured
-            tab.action_ns, tab.action_seq = time.monotonic_ns(), seq
-
-    async def _steer(self, tab: Tab, move: Any) -> None:
+    async def _steer(self, tab: Tab, move: Any, seq: int = 0, arrived: int = 0) -> None:
         """Set the move; a stop waits until the move it ends has shown."""
         if isinstance(move, list):
             move = tuple(move)
         if move == STILL and tab.moved_ns and not tab.after_move:
-            tab.stop_pending = True
+            tab.stop_pending, tab.stop_seq = True, (seq, arrived)
             return
-        await self._move(tab, move)
+        await self._move(tab, move, seq, arrived)
 
-    async def _move(self, tab: Tab, move: Any) -> None:
+    async def _move(self, tab: Tab, move: Any, seq: int = 0, arrived: int = 0) -> None:
         with contextlib.suppress(EngineGone, ClientClosedError):  # the reader says so
-            await self.client.act(tab.session, {"move": move})
+            if not seq and tab.stop_pending:  # the stop deferred till its move showed
+                seq, arrived = tab.stop_seq
+            sent = await self.client.act(tab.session, {"move": move})
+            tab.acted(sent, seq, arrived or time.monotonic_ns())
             still = move == STILL
             tab.moved_ns, tab.after_move = (0 if still else time.monotonic_ns()), 0
             tab.stop_pending = False
 
-    async def _send_frames(self, tab: Tab) -> None:
-        """The tab's sender: the newest frame, at most one per period; a send that
-        waits on a full socket lets the reader replace what waits behind it."""
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            while not tab.ws.closed:
-                await tab.ready.wait()
-                tab.ready.clear()
-                while tab.saying:
-                    await tab.ws.send_str(tab.saying.popleft())
-                frame, tab.frame = tab.frame, None
-                if frame is None:
-                    continue
-                ack_seq, latency_us = tab.ack or (0, NO_LATENCY)
-                tab.ack = None
-                height, width = tab.shape
-                header = HEADER.pack(tab.chunk, ack_seq, height, width, latency_us)
-                await tab.ws.send_bytes(header + frame)
-                tab.sent += 1
-                due = max(due + self.period_s, loop.time())
-                await asyncio.sleep(due - loop.time())
+    # -- recording -----------------------------------------------------------------
+
+    def start_recording(self, tab: Tab | str, directory: Path) -> Path:
+        """Record a tab's session (a tab, or its session's name) to ``directory``;
+        the MP4's path (see :mod:`rte.play.record`). A recording running goes on."""
+        from rte.play.record import Recorder  # noqa: PLC0415 (PyAV: only to record)
+
+        tab = self._tab(tab)
+        if tab.recorder is None:
+            tab.recorder = Recorder(directory, tab.session, fps=self.record_fps)
+        return tab.recorder.path
+
+    def stop_recording(self, tab: Tab | str) -> None:
+        """Finish a tab's recording, if any (its writer ends on a thread of its own)."""
+        tab = self._tab(tab)
+        recorder, tab.recorder = tab.recorder, None
+        if recorder is not None:
+            recorder.close()
+
+    def _tab(self, tab: Tab | str) -> Tab:
+        if isinstance(tab, Tab):
+            return tab
+        if (found := self.tabs.get(tab)) is None:
+            raise RequestError(f"no tab of session {tab!r} here: {sorted(self.tabs)}")
+        return found
 
     # -- stopping ------------------------------------------------------------------
 
@@ -299,7 +361,9 @@ class Gateway:
         with the client, which the caller closes next)."""
         self.closing = True
         tabs = list(self.tabs.values())
-        await asyncio.gather(*(_say_and_close(t.ws, {"type": "bye"}) for t in tabs))
+        await asyncio.gather(*(t.end({"type": "bye"}) for t in tabs))
+        for tab in tabs:
+            self.stop_recording(tab)
         for task in list(self._tasks):
             task.cancel()
 
@@ -309,11 +373,8 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
 
-def page_request(message: WSMessage) -> dict[str, Any] | str:
-    """A page's message as the JSON object it should be, or why it is not one."""
-    if message.type is not WSMsgType.TEXT:
-        return 'a binary message: send JSON text, {"move": [dy, dx]} and the like'
-    text = message.data
+def page_text(text: str) -> dict[str, Any] | str:
+    """A page's text message as the JSON object it should be, or why it is not one."""
     if len(text) > MAX_MESSAGE:
         return f"a message of {len(text)} characters: at most {MAX_MESSAGE}"
     try:
@@ -325,15 +386,3 @@ def page_request(message: WSMessage) -> dict[str, Any] | str:
     if not isinstance(data, dict):
         return "not a JSON object"
     return data
-
-
-async def _send_json(ws: web.WebSocketResponse, message: dict[str, Any]) -> None:
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        if not ws.closed:
-            await ws.send_str(json.dumps(message))
-
-
-async def _say_and_close(ws: web.WebSocketResponse, message: dict[str, Any]) -> None:
-    await _send_json(ws, message)
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await asyncio.wait_for(ws.close(), 2.0)

@@ -1,9 +1,9 @@
-"""The web server of ``rte play``: the page and its WebSockets on 127.0.0.1.
+"""The web server of ``rte play``: the page, its WebRTC offers and WebSockets on 127.0.0.1.
 
 :func:`run` binds the port first (a taken one is one line before anything
-starts), launches a daemon or connects to ``name``, serves ``GET /`` (the page,
-``page.html`` of this package) and ``GET /ws`` (a tab's socket, see
-:mod:`rte.play.gateway`), prints one ready line with the URL, and runs until
+starts), launches a daemon or connects to ``name``, serves the gateway's app
+(:mod:`rte.play.app`: the page, ``POST /offer`` for WebRTC unless
+``transport`` is ``websocket``, ``GET /ws``), prints one ready line with the URL, and runs until
 SIGTERM, SIGINT or SIGHUP, or until the daemon dies. Then it tells the tabs,
 closes their sockets, closes the client (which detaches every session) and
 stops a daemon it launched.
@@ -21,13 +21,14 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from rte.client import AsyncClient, connect_async
 from rte.errors import ConfigurationError, EngineGone
+from rte.play.app import make_app
 from rte.play.daemon import LaunchedDaemon
 from rte.play.gateway import Gateway
 
@@ -48,11 +49,11 @@ class PlaySettings:
     prompt: str
     device: str | None = None
     wait_s: float = 0.0  # for the daemon --name to come up (0: it must be running)
-
-
-def page() -> bytes:
-    """The page: one HTML file with its script and style inline."""
-    return resources.files("rte.play").joinpath("page.html").read_bytes()
+    transport: str = "webrtc"  # or "websocket": the raw fallback alone
+    ice_servers: tuple[str, ...] = ()  # STUN/TURN, for peers beyond this machine
+    ice_hosts: tuple[str, ...] = (HOST,)  # where WebRTC gathers host candidates
+    scale: int = 0  # the video's integer upscale (0: to about 256 px)
+    record: Path | None = None  # every session recorded here
 
 
 def bind(port: int) -> socket.socket:
@@ -136,16 +137,17 @@ async def _connected(
 async def _serve(
     settings: PlaySettings, client: AsyncClient, sock: socket.socket, stop: asyncio.Event
 ) -> None:
-    gateway = Gateway(client, prompt=settings.prompt, max_fps=settings.max_fps)
+    gateway = Gateway(
+        client, prompt=settings.prompt, max_fps=settings.max_fps, record=settings.record
+    )
     port = int(sock.getsockname()[1])
-    html = page()
+    webrtc = None
+    if settings.transport == "webrtc":
+        from rte.play.webrtc import WebRtcSettings  # noqa: PLC0415 (aiortc: only for WebRTC)
 
-    async def index(request: web.Request) -> web.Response:
-        return web.Response(body=html, content_type="text/html", charset="utf-8")
-
-    app = web.Application(middlewares=[_this_machine_only(port)])
-    app.router.add_get("/", index)
-    app.router.add_get("/ws", gateway.socket)
+        webrtc = WebRtcSettings(settings.ice_servers, settings.ice_hosts, settings.scale)
+    middlewares = [_this_machine_only(port)]
+    app = make_app(gateway, webrtc=webrtc, read=False, middlewares=middlewares)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     reader = asyncio.create_task(gateway.read())

@@ -1,0 +1,408 @@
+"""``rte play`` over WebRTC in a real browser, on loopback alone.
+
+The test's thread moves into a network namespace of its own holding only
+``lo`` (``unshare(CLONE_NEWNET)``, as root) before it starts Chromium and
+``rte play``, which inherit it: ICE can find nothing but 127.0.0.1, and no
+STUN or TURN server is configured; at the end every socket of theirs is
+checked to have had no peer but 127.0.0.1. The daemon needs no network (shared
+memory), so it is the same as :mod:`test_play`'s. Frames are read back from the
+``<video>`` on each displayed frame (``requestVideoFrameCallback``), with the
+chunk and ``seq`` the gateway stamped into them (:mod:`rte.play.picture`), and
+compared with the world the model learned, within the codec's tolerance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import psutil
+import pytest
+from daemon_harness import DaemonProcess
+from test_play import (
+    CHROMIUM_FLAGS,
+    INSTALL,
+    RIGHT,
+    SLIDE,
+    Page,
+    Play,
+    _remote_peers,
+    in_browser,
+    sessions_become,
+    step_shifts,
+    truth_error,
+)
+
+from rte.ipc.childlog import child_log, said
+from rte.ipc.inspect import summary
+from rte.ipc.names import DaemonNames
+from rte.models import worldgen
+
+CODEC_BOUND = 8.0  # a decoded frame's mean absolute error (of 255) to the world's truth
+CLONE_NEWNET = 0x40000000
+RTC_FLAGS = [
+    *(f for f in CHROMIUM_FLAGS if not f.startswith(("--disable-features=", "--host-resolver"))),
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1 , EXCLUDE localhost",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,WebRtcHideLocalIpsWithMdns,"
+    "SpareRendererForSitePerProcess",
+    "--allow-loopback-in-peer-connection",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-renderer-backgrounding",
+    "--disable-background-timer-throttling",
+]
+# a recorder of what the video shows, at the model's size, with each frame's chunk
+RECORD = """(() => {
+  window.__frames = [];
+  const grab = document.createElement("canvas"), g = grab.getContext("2d");
+  rtePlay.onframe = (chunk) => {
+    if (__frames.length >= 400) return;
+    const v = rtePlay.video, k = rtePlay.scale;
+    if (grab.width !== v.videoWidth) { grab.width = v.videoWidth; grab.height = v.videoHeight; }
+    g.drawImage(v, 0, 0);
+    const data = g.getImageData(0, 0, grab.width, grab.height).data;
+    let bytes = "";
+    for (let y = 0; y < rtePlay.height; y++) {
+      for (let x = 0; x < rtePlay.width; x++) {
+        const i = ((y * k + (k >> 1)) * grab.width + x * k + (k >> 1)) * 4;
+        bytes += String.fromCharCode(data[i], data[i + 1], data[i + 2]);
+      }
+    }
+    __frames.push([chunk, btoa(bytes)]);
+  };
+  return true;
+})()"""
+
+
+# -- loopback alone ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loopback_only() -> Iterator[None]:
+    """This thread (and what it starts) in a network namespace of only ``lo``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            pytest.fail(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())} (run as root)")
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
+        devices = Path("/proc/thread-self/net/dev").read_text().splitlines()[2:]
+        assert [line.split(":")[0].strip() for line in devices] == ["lo"], devices
+        yield
+    finally:
+        libc.setns(original, CLONE_NEWNET)
+        os.close(original)
+
+
+def _peers_elsewhere(pid: int) -> list[str]:
+    """Peers of the sockets of process ``pid`` and its children that are not 127.0.0.1."""
+    return _remote_peers(pid)
+
+
+@pytest.fixture(scope="module")
+def browser(loopback_only: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Headless Chromium in that namespace; yields its DevTools address."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail(f"no chromium on PATH: install it with `bash {INSTALL}` (as root)")
+    profile = tmp_path_factory.mktemp("chromium-rtc")
+    log = child_log()
+    command = [chromium, *RTC_FLAGS, f"--user-data-dir={profile}", "about:blank"]
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (
+            found := re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", said(log))
+        ):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"chromium did not start (exit {process.poll()}): {said(log)[-2000:]}")
+            time.sleep(0.05)
+        yield f"http://{found.group(1)}"
+        elsewhere = _peers_elsewhere(process.pid)
+        assert not elsewhere, f"chromium contacted more than this machine: {elsewhere}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture
+def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
+    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4")
+    process = DaemonProcess(f"{shm_prefix}rtc", *args)
+    yield process
+    if process.process.poll() is None:
+        process.stop()
+
+
+@pytest.fixture
+def play(loopback_only: None, daemon: DaemonProcess, tmp_path: Path) -> Iterator[Play]:
+    """``rte play --name`` of that daemon, over WebRTC, recording to tmp_path/rec."""
+    process = Play("--name", daemon.name, "--wait", "30", "--record", str(tmp_path / "rec"))
+    yield process
+    elsewhere = _peers_elsewhere(process.process.pid)
+    process.stop()
+    assert not elsewhere, f"rte play contacted more than this machine: {elsewhere}"
+
+
+async def stats(http: aiohttp.ClientSession, play: Play) -> dict[str, Any]:
+    async with http.get(f"{play.url}stats") as response:
+        result: dict[str, Any] = await response.json()
+        return result
+
+
+class VideoPage(Page):
+    """A page in a window of its own (a background tab composites no video, so
+    its ``requestVideoFrameCallback`` never fires), whose frames are read back
+    from its ``<video>``."""
+
+    @classmethod
+    async def open(cls, http: aiohttp.ClientSession, devtools: str, url: str) -> Page:
+        async with http.get(f"{devtools}/json/version") as response:
+            version = await response.json()
+        async with http.ws_connect(version["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            create = {"url": url, "newWindow": True}
+            await ws.send_str(
+                json.dumps({"id": 1, "method": "Target.createTarget", "params": create})
+            )
+            reply = json.loads((await ws.receive(timeout=15)).data)
+        target_id = reply["result"]["targetId"]
+        async with http.get(f"{devtools}/json/list") as response:
+            target = next(t for t in await response.json() if t["id"] == target_id)
+        page = cls(http, devtools, target)
+        page.ws = await http.ws_connect(page.url, max_msg_size=0)
+        page._reader = asyncio.create_task(page._read())
+        await page.until("document.readyState === 'complete' && !!window.rtePlay", "the page")
+        return page
+
+    async def frames(self, seconds: float) -> list[tuple[int, np.ndarray[Any, Any]]]:
+        await self.eval(RECORD)
+        await asyncio.sleep(seconds)
+        return await self.recorded()
+
+
+async def open_rtc(http: aiohttp.ClientSession, browser: str, url: str) -> Page:
+    page = await VideoPage.open(http, browser, url)
+    await page.until("rtePlay.session && rtePlay.frames > 3", "WebRTC frames", 20)
+    assert await page.eval("rtePlay.transport") == "webrtc"
+    return page
+
+
+def decoded(frames: list[tuple[int, np.ndarray[Any, Any]]]) -> list[int]:
+    return [c for c, _ in frames]
+
+
+# -- the tests --------------------------------------------------------------------
+
+
+def test_webrtc_video_is_the_world_and_keys_steer_it(
+    browser: str, play: Play, tmp_path: Path
+) -> None:
+    async def body(http: aiohttp.ClientSession) -> None:
+        page = await open_rtc(http, browser, play.url)
+        session = await page.eval("rtePlay.session")
+        assert await page.eval("!rtePlay.video.paused && rtePlay.video.readyState >= 2")
+        prompt = await page.eval("document.getElementById('prompt').value")
+        y0, x0 = worldgen.start(session)
+
+        still = await page.frames(0.8)
+        assert len(set(decoded(still))) >= 10, decoded(still)
+        assert set(step_shifts(still)) == {0}, step_shifts(still)
+        errors = [truth_error(f, prompt, (y0, x0)) for _, f in still]
+        assert max(errors) <= CODEC_BOUND, f"not the world at the session's start: {errors}"
+
+        await page.eval(RECORD)  # hold the right arrow (the moves data channel)
+        await page.call("Input.dispatchKeyEvent", type="keyDown", **RIGHT)
+        await asyncio.sleep(0.5)
+        await page.call("Input.dispatchKeyEvent", type="keyUp", **RIGHT)
+        await asyncio.sleep(0.7)
+        moved = await page.recorded()
+        shifts = step_shifts(moved)
+        assert shifts.count(SLIDE) >= 5, shifts
+        assert set(shifts) <= {0, SLIDE}, shifts
+        assert shifts[-5:] == [0] * 5, f"it goes on moving after the key is let go: {shifts}"
+        missed = sum(j - i - 1 for (i, _), (j, _) in itertools.pairwise(moved))
+        went = range(shifts.count(SLIDE), shifts.count(SLIDE) + missed + 1)
+        gone = {n: truth_error(moved[-1][1], prompt, (y0, x0 + n * worldgen.SPEED)) for n in went}
+        steps = min(gone, key=gone.__getitem__)
+        assert gone[steps] <= CODEC_BOUND, f"not the world where the camera went: {gone}"
+        assert 0 < await page.until("rtePlay.gatewayMs", "the gateway's latency") < 2000
+        assert 0 < await page.until("rtePlay.browserMs", "action to displayed frame") < 2000
+        shot = await page.call("Page.captureScreenshot", format="png")
+        path = Path(os.environ.get("RTE_PLAY_SCREENSHOT") or tmp_path / "play.png")
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+        position = (y0, x0 + steps * worldgen.SPEED)
+        await page.eval("rtePlay.send({prompt: 'lava at night'})")  # the control channel
+        await asyncio.sleep(0.6)
+        lava = await page.frames(0.5)
+        errors = [truth_error(f, "lava at night", position) for _, f in lava]
+        assert max(errors) <= CODEC_BOUND, f"not the lava world at night: {errors}"
+        await page.eval("rtePlay.send({prompt: 5})")
+        text = await page.until(
+            "(() => { const m = document.getElementById('message');"
+            " return !m.hidden && m.innerText; })()",
+            "the refusal",
+        )
+        assert "prompt must be a str" in text, text
+        await page.close()
+
+    in_browser(browser, body)
+
+
+@pytest.mark.soak
+@pytest.mark.xfail(
+    reason="after a 5 s SIGSTOP of its renderer Chromium shows the stalled tab's frames "
+    "late for seconds (the few sent before the gateway saw it behind arrive in a burst and "
+    "its jitter buffer's delay grows; see the README): the bystander, the memory and the "
+    "drops hold, the 1 s recovery does not",
+    strict=True,
+)
+def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
+    browser: str, play: Play, daemon: DaemonProcess
+) -> None:
+    """A tab whose renderer is stopped for 5 s (SIGSTOP: it reads nothing) drops
+    frames at the gateway, whose memory does not grow, while the other tab streams
+    on; within a second of its return its frames are fresh again."""
+
+    async def body(http: aiohttp.ClientSession) -> None:
+        first = await open_rtc(http, browser, play.url)
+        renderers = _renderers()
+        # another site (localhost, not 127.0.0.1): a renderer process of its own
+        second = await open_rtc(http, browser, play.url.replace("127.0.0.1", "localhost"))
+        stalled = _renderers() - renderers
+        assert len(stalled) == 1, stalled
+        names = [await p.eval("rtePlay.session") for p in (first, second)]
+        assert names[0] != names[1]
+        assert summary(daemon.name)["sessions"] == 2
+        shown = [(await p.frames(0.3))[-1][1] for p in (first, second)]
+        for name, frame in zip(names, shown, strict=True):
+            assert truth_error(frame, "a forest", worldgen.start(name)) <= CODEC_BOUND, name
+        normal = await second.until("rtePlay.ageMs", "the frame age")
+
+        gateway = psutil.Process(play.process.pid)
+        rss = gateway.memory_info().rss
+        before = {t["session"]: t for t in (await stats(http, play))["tabs"]}
+        count = await first.eval("rtePlay.frames")
+        for pid in stalled:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(5)
+            got = await first.eval("rtePlay.frames")
+            assert got - count >= 5 * 25, f"the other tab stalled: {got - count} frames in 5 s"
+            assert gateway.memory_info().rss < rss + 32 * 2**20, "the gateway's memory grew"
+        finally:
+            for pid in stalled:
+                os.kill(pid, signal.SIGCONT)
+        back = time.monotonic()
+        await second.eval("rtePlay.ageMs = null")
+        age = await second.until("rtePlay.ageMs !== null && rtePlay.ageMs", "fresh frames", 5)
+        await second.until(f"rtePlay.ageMs < {max(normal, 30) * 3}", "fresh frames", 2)
+        assert time.monotonic() - back < 1.5, age
+        after = {t["session"]: t for t in (await stats(http, play))["tabs"]}
+        assert after[names[1]]["dropped"] > before[names[1]]["dropped"] + 100, (before, after)
+
+        await second.close()
+        await sessions_become(daemon.name, 1)
+        count = await first.eval("rtePlay.frames")
+        await first.until(f"rtePlay.frames > {count} + 5", "the other tab streams on")
+        await first.close()
+        await sessions_become(daemon.name, 0)
+
+    in_browser(browser, body)
+
+
+def _renderers() -> set[int]:
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any("--type=renderer" in part for part in cmdline):
+            found.add(process.pid)
+    return found
+
+
+def test_a_recording_plays_back_and_a_closed_tab_detaches(
+    browser: str, play: Play, daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    async def body(http: aiohttp.ClientSession) -> None:
+        page = await open_rtc(http, browser, play.url)
+        session = await page.eval("rtePlay.session")
+        await asyncio.sleep(3)
+        await page.close()
+        await sessions_become(daemon.name, 0, 15)  # the page's heartbeat stops
+        deadline = time.monotonic() + 10
+        sidecar = tmp_path / "rec" / f"{session}.jsonl"
+        while not (sidecar.exists() and '"end"' in sidecar.read_text()):
+            assert time.monotonic() < deadline, "the recording was not finished"
+            await asyncio.sleep(0.05)
+        lines = [json.loads(line) for line in sidecar.read_text().splitlines()]
+        frames = [line for line in lines if "frame" in line]
+        end = lines[-1]
+        assert end["frames"] == len(frames) and len(frames) >= 80, end  # 3 s and more
+        chunks = [f["chunk"] for f in frames]
+        assert chunks == sorted(chunks) and len(set(chunks)) == len(chunks)
+        with av.open(str(tmp_path / "rec" / f"{session}.mp4")) as container:
+            pictures = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(pictures) == len(frames), (len(pictures), len(frames))
+        start = worldgen.start(session)
+        for picture in pictures[:: len(pictures) // 10]:
+            scene = picture[4::8, 4::8]
+            assert truth_error(scene, "a forest", start) <= CODEC_BOUND
+
+    in_browser(browser, body)
+
+
+def test_two_tabs_are_two_sessions_and_a_killed_daemon_ends_every_stream(
+    browser: str, play: Play, daemon: DaemonProcess
+) -> None:
+    async def body(http: aiohttp.ClientSession) -> None:
+        pages = [await open_rtc(http, browser, play.url) for _ in range(2)]
+        names = [await p.eval("rtePlay.session") for p in pages]
+        assert names[0] != names[1] and summary(daemon.name)["sessions"] == 2, names
+        shown = [(await p.frames(0.3))[-1][1] for p in pages]  # each its own camera
+        for name, frame in zip(names, shown, strict=True):
+            assert truth_error(frame, "a forest", worldgen.start(name)) <= CODEC_BOUND, name
+        daemon.kill()
+        for page in pages:
+            text = await page.until(
+                "(() => { const m = document.getElementById('message');"
+                " return !m.hidden && m.innerText; })()",
+                "the EngineGone message",
+            )
+            assert text.startswith("Engine gone:") and daemon.name in text, text
+            await page.until("rtePlay.fps === 0", "frames stop")
+        for page in pages:
+            await page.close()
+
+    try:
+        in_browser(browser, body)
+        assert play.wait(15) == 1
+    finally:
+        DaemonNames(daemon.name).remove_leftovers()
