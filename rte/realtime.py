@@ -11,9 +11,11 @@ the same way:
   running sums, O(1) per turn, no list of samples. A sample far above the
   prediction (a first step that compiles, a page fault storm) is clipped to
   :data:`CLIP` times the prediction before it counts, so one outlier moves the
-  fit by little. While the rows stepped barely vary (a steady cohort) the slope
-  cannot be told from the intercept, so the fit goes through the origin,
-  ``t(n) = (T/N)*n``: that over-estimates the cost of more rows, the safe side.
+  fit by little. While the rows stepped barely vary (a steady cohort, or one
+  whose count moves by less than a fifth of itself) the slope cannot be told
+  from the intercept, so the fit goes through the origin, ``t(n) = (T/N)*n``:
+  that over-estimates the cost of more rows, the safe side, and comes to the
+  truth as the cohort nears the capacity.
   Until :data:`MIN_SAMPLES` turns are seen it knows nothing and says so.
 - :class:`RealTime`, the admission rule of a paced host: the capacity is the
   largest ``n`` whose predicted turn fits ``period x (1 - margin)``, capped by
@@ -38,6 +40,7 @@ FORGET = 0.98  # each turn's weight decays by this per later turn (a window of ~
 MIN_SAMPLES = 8  # turns seen before the model claims to know anything
 CLIP = 3.0  # a sample is counted as at most this many times its prediction
 MIN_SPREAD_ROWS = 1.0  # below this weighted spread of n, fit through the origin
+MIN_RELATIVE_SPREAD = 0.2  # ... or below this share of the mean n (its standard deviation)
 SPIN_S = 0.0005  # a paced host spins this long before each tick
 ADMISSIONS = ("realtime", "rows")
 DEFAULT_MARGIN = 0.1
@@ -76,7 +79,10 @@ class StepCost:
             return 0.0, 0.0
         w, n, nn, t, nt = self._w, self._n, self._nn, self._t, self._nt
         spread = nn / w - (n / w) ** 2  # the weighted variance of n
-        if spread >= MIN_SPREAD_ROWS:
+        # a slope is told from the intercept only over rows that vary by a good share
+        # of their mean: over 28..31 rows, turn-time noise makes it anything, and a
+        # slope too small promises a capacity several times the truth
+        if spread >= max(MIN_SPREAD_ROWS, (MIN_RELATIVE_SPREAD * n / w) ** 2):
             b = (w * nt - n * t) / (w * nn - n * n)
             a = (t - b * n) / w
             if a >= 0 and b > 0:
