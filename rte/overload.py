@@ -5,8 +5,9 @@ default is :data:`DEFAULT_PRIORITY` (1), so that a caller can rank one above
 the crowd (0) or below it (2, 3) without touching the rest. A class runs at a
 *divisor* ``k``: its sessions step every ``k``-th tick, ``k`` in 1, 2, 4.
 
-:class:`Governor` watches each paced turn. A turn is *over* when it took more
-than the period, or when the predicted cost of the due rows does; after
+Watches each paced turn (:class:`Governor`). A turn is *over* when it took more
+than the period (it missed its next tick: a prediction is only the safe side of
+the truth, so it never reduces a cohort whose turns fit); after
 :data:`OVER_TURNS` over turns in a row the lowest class present that is not
 yet at 4 has its divisor doubled (1 -> 2 -> 4), and only when every lower
 class is at 4 is a higher one touched: no session ever gets less than a
@@ -106,20 +107,23 @@ class Governor:
                 out.append(s)
         return out
 
-    def observe(self, turn_s: float, due_rows: int) -> list[Notice]:
-        """One paced turn took ``turn_s`` seconds, with ``due_rows`` rows due before
-        the filter; returns the notices of a change of rates, if one is made."""
+    def observe(self, turn_s: float, stepped: int) -> list[Notice]:
+        """One paced turn took ``turn_s`` seconds and stepped ``stepped`` rows (after
+        the filter); returns the notices of a change of rates, if one is made.
+
+        Only a turn that ran past its period is over: a prediction is the safe side
+        of the truth, and judging by it reduced sessions whose turns fitted (and,
+        counting the rows due before the filter, went on reducing them after the
+        reduction had made the turn short)."""
         if self._hold > 0:
             self._hold -= 1
             return []
-        predicted = self.predict(due_rows) if due_rows else None
-        over = turn_s > 1.0 / self.pace_hz or (predicted is not None and predicted > self.budget_s)
-        self._over = self._over + 1 if over else 0
+        self._over = self._over + 1 if turn_s > 1.0 / self.pace_hz else 0
         self._under = self._under + 1 if turn_s < RESTORE_SHARE * self.budget_s else 0
         if self._over >= OVER_TURNS:
             return self._reduce()
         if self._under >= UNDER_TURNS and self._reduced:
-            return self._restore(due_rows)
+            return self._restore(stepped)
         return []
 
     def _present(self) -> list[int]:
@@ -132,7 +136,7 @@ class Governor:
                 return self._set(cls, self.divisor[cls] * 2, NoticeKind.REDUCED)
         return []  # every class at a quarter: nothing more to take
 
-    def _restore(self, due_rows: int) -> list[Notice]:
+    def _restore(self, stepped: int) -> list[Notice]:
         self._under = 0
         for cls in self._present():  # the highest reduced class first
             k = self.divisor[cls]
@@ -140,7 +144,7 @@ class Governor:
                 continue
             members = sum(1 for p in self.priority.values() if p == cls)
             more = members / (k // 2) - members / k  # rows per tick the restore adds
-            predicted = self.predict(round(due_rows + more))
+            predicted = self.predict(round(stepped + more))
             if predicted is not None and predicted > self.budget_s:
                 return []  # it would be over again at once
             return self._set(cls, k // 2, NoticeKind.RESTORED)

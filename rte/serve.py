@@ -257,7 +257,7 @@ class ServeLoop:
         if self.stepped:
             self.realtime.cost.add(self.stepped, seconds)
         if self.pacer is not None and self._due_rows:
-            self._news += self.governor.observe(seconds, self._due_rows)
+            self._news += self.governor.observe(seconds, self.stepped)
 
     def capacity(self) -> int | None:
         """Sessions this loop's pace holds in real time (None: unpaced or not known yet)."""

@@ -205,3 +205,22 @@ def test_rows_that_barely_vary_never_promise_several_times_the_capacity() -> Non
             cost.add(rows, 0.001 + 0.00035 * rows + rng.uniform(-0.003, 0.003))
         capacity = cost.capacity(0.030)
         assert capacity is not None and capacity <= truth * 1.1, (seed, capacity)
+
+
+def test_turns_that_fit_reduce_nobody_whatever_the_prediction_says() -> None:
+    """The cost model errs on the safe side: near capacity it predicts more than
+    the turn takes. Judged by it, a cohort whose every turn fitted was reduced,
+    and, counting the rows due before the filter, reduced again after the first
+    reduction had made the turns short (seen: 58 sessions at a quarter rate)."""
+    g = Governor(30.0, 0.03, lambda rows: 0.001 * rows)  # 60 rows "predicted" 60 ms
+    for i in range(60):
+        g.add(f"s{i}", 1)
+    for _ in range(100):
+        assert g.observe(0.025, 60) == []  # 25 ms of a 33 ms period: fits
+    assert g.divisor[1] == 1
+    for _ in range(OVER_TURNS):
+        g.observe(0.040, 60)  # past the period: over
+    assert g.divisor[1] == 2
+    for _ in range(100):
+        g.observe(0.020, 30)  # the reduction made the turns short: no further cut
+    assert g.divisor[1] == 2

@@ -8,13 +8,14 @@ callers in processes of their own (:mod:`tools.realtime_callers`: each takes
 every batch as it comes and releases it at once, and moves each session every
 quarter second). Four parts, each against its peer in the same run:
 
-1. **ramp**: sessions attached a level at a time up to twice the capacity the
-   daemon publishes, with real-time admission (``--admission realtime``, the
-   default) and without (``--admission rows``): sessions admitted, per-session
-   frames per second (min, median), chunks on time (min, median), the 99th
-   percentile of the gap between a session's chunks, and rows per step.
-   ``knee``: the largest level at which every session had at least 99% of its
-   chunks on time without admission; ``capacity``: what the daemon published.
+1. **ramp**: the real-time daemon filled a few sessions at a time until it
+   refuses (what it admitted, and the capacity it published then), then levels
+   from half to twice that, with real-time admission (``--admission
+   realtime``, the default) and without (``--admission rows``): sessions
+   admitted, per-session frames per second (min, median), chunks on time (min,
+   median), the 99th percentile of the gap between a session's chunks, and rows
+   per step. ``knee``: the largest level at which every session had at least
+   99% of its chunks on time without admission.
 2. **churn**: Poisson arrivals with exponential lifetimes offering 1.5x the
    capacity, both ways: sessions served and refused, each admitted session's
    chunks on time (p1, p50 over sessions), time to first chunk and input to
@@ -83,7 +84,9 @@ class Plan:
     max_sessions: int = 256
     window_s: float = 3.0
     settle_s: float = 1.0
-    levels: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)
+    levels: tuple[float, ...] = (0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5, 2.0)  # x capacity
+    fill_step: int = 4  # sessions attached between pauses while filling
+    fill_pause_s: float = 0.3
     churn_s: float = 60.0
     lifetime_s: float = 20.0
     overload_s: tuple[float, float, float] = (5.0, 10.0, 10.0)
@@ -98,6 +101,7 @@ QUICK = Plan(
     window_s=1.0,
     settle_s=0.5,
     levels=(0.5, 1.0, 2.0),
+    fill_step=1,
     churn_s=4.0,
     lifetime_s=2.0,
     overload_s=(1.0, 2.0, 2.0),
@@ -174,76 +178,83 @@ def _rows_per_step(name: str, before: dict[str, int]) -> tuple[float, dict[str, 
     return (chunks / steps if steps else 0.0), counters
 
 
-def _warm_capacity(plan: Plan, daemon: Daemon, callers: Callers) -> int:
-    """Attach a few sessions until the daemon has learnt its cost; its capacity."""
-    callers.ask(0, "attach", [(f"warm{i}", None, None) for i in range(4)], 0.0)
-    deadline = time.monotonic() + 30
-    while (capacity := _capacity(daemon.name)) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    callers.ask(0, "detach_all")
-    if capacity is None:
-        raise RuntimeError("the daemon published no real-time capacity in 30 s")
-    return max(1, capacity)
+def _fill(plan: Plan, daemon: Daemon, callers: Callers) -> tuple[int, int]:
+    """Attach sessions a few at a time (a pause between: the daemon sees turns of
+    every size) until it refuses three in a row; then detach them all. What it
+    admitted, and the capacity it published when it first said no."""
+    admitted, refusals, published, k = 0, 0, -1, 0
+    while refusals < 3 and admitted < plan.max_sessions:
+        answers = callers.ask(k % plan.callers, "attach", [(f"f{k}", None, None)], 0.0)
+        k += 1
+        if answers[0][1]:
+            admitted, refusals = admitted + 1, 0
+            if admitted % plan.fill_step == 0:
+                time.sleep(plan.fill_pause_s)
+        else:
+            refusals += 1
+            if published < 0:
+                published = _capacity(daemon.name) or 0
+            time.sleep(plan.fill_pause_s)
+    callers.everyone("detach_all")
+    return admitted, published if published >= 0 else admitted
 
 
 # -- the parts -------------------------------------------------------------------
 
 
 def ramp(plan: Plan, cost_file: str) -> dict[str, Any]:
+    """The real-time daemon filled until it says no (its capacity); then, both ways,
+    levels around that capacity, each measured for a window."""
     rows: list[dict[str, Any]] = []
-    capacity = 0
+    capacity = published = 0
     for admission in ("realtime", "rows"):
         with _daemon(plan, admission, cost_file) as daemon, ExitStack() as stack:
             callers = Callers([daemon.name], plan.callers, plan.act_every_s)
             stack.callback(callers.close)
             if admission == "realtime":
-                capacity = _warm_capacity(plan, daemon, callers)
+                capacity, published = _fill(plan, daemon, callers)
             attached = 0
-            for level in plan.levels:
-                offered = max(1, round(level * capacity))
-                if offered > plan.max_sessions:
-                    break
+            levels = sorted({max(1, round(level * capacity)) for level in plan.levels})
+            for offered in (n for n in levels if n <= plan.max_sessions):
                 wanted = [(f"s{k}", None, None) for k in range(attached, offered)]
-                admitted = 0
                 for i in range(plan.callers):  # spread over the callers
-                    answers = callers.ask(i, "attach", wanted[i :: plan.callers], 0.0)
-                    admitted += sum(1 for _, ok, _ in answers if ok)
+                    callers.ask(i, "attach", wanted[i :: plan.callers], 0.0)
                 attached = offered
-                time.sleep(plan.settle_s)
-                _, before = _rows_per_step(daemon.name, {})
-                t0 = time.monotonic_ns()
-                time.sleep(plan.window_s)
-                t1 = time.monotonic_ns()
-                rows_per_step, _ = _rows_per_step(daemon.name, before)
-                period = round(1e9 / plan.hz)
-                tracks = callers.everyone("collect")
-                figures = [session_figures(t.emitted, t0, t1, period) for t in tracks]
-                fps = [f["fps"] for f in figures]
-                on_time = [f["on_time"] * 100 for f in figures]
-                gaps = [f["gap_p99"] for f in figures]
-                published = _capacity(daemon.name)
                 rows.append(
-                    {
-                        "admission": admission,
-                        "published": -1 if published is None else published,
-                        "offered": offered,
-                        "admitted": len(tracks),
-                        "fps_min": min(fps, default=0.0),
-                        "fps_median": _pct(fps, 50),
-                        "on_time_min_pct": min(on_time, default=0.0),
-                        "on_time_median_pct": _pct(on_time, 50),
-                        "gap_p99_ms": max(gaps, default=0.0),
-                        "rows_per_step": rows_per_step,
-                    }
+                    {"admission": admission, "offered": offered, **_window(plan, daemon, callers)}
                 )
-                report.progress("realtime", len(rows), 2 * len(plan.levels), _line(rows[-1]))
-    refused = [r for r in rows if r["admission"] == "realtime" and r["admitted"] < r["offered"]]
-    capacity = refused[0]["published"] if refused else capacity  # when it said no
+                report.progress("realtime", len(rows), 2 * len(levels), _line(rows[-1]))
     knee = max(
         (r["offered"] for r in rows if r["admission"] == "rows" and r["on_time_min_pct"] >= 99),
         default=0,
     )
-    return {"rows": rows, "capacity": capacity, "knee": knee}
+    return {"rows": rows, "capacity": published, "admitted": capacity, "knee": knee}
+
+
+def _window(plan: Plan, daemon: Daemon, callers: Callers) -> dict[str, Any]:
+    """What every session felt over one window, after a settle."""
+    time.sleep(plan.settle_s)
+    _, before = _rows_per_step(daemon.name, {})
+    t0 = time.monotonic_ns()
+    time.sleep(plan.window_s)
+    t1 = time.monotonic_ns()
+    rows_per_step, _ = _rows_per_step(daemon.name, before)
+    period = round(1e9 / plan.hz)
+    tracks = callers.everyone("collect")
+    figures = [session_figures(t.emitted, t0, t1, period) for t in tracks]
+    fps = [f["fps"] for f in figures]
+    on_time = [f["on_time"] * 100 for f in figures]
+    published = _capacity(daemon.name)
+    return {
+        "published": -1 if published is None else published,
+        "admitted": len(tracks),
+        "fps_min": min(fps, default=0.0),
+        "fps_median": _pct(fps, 50),
+        "on_time_min_pct": min(on_time, default=0.0),
+        "on_time_median_pct": _pct(on_time, 50),
+        "gap_p99_ms": max((f["gap_p99"] for f in figures), default=0.0),
+        "rows_per_step": rows_per_step,
+    }
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -381,11 +392,12 @@ def run(plan: Plan) -> dict[str, Any]:
         cost_file = os.path.join(folder, "cost")
         _write_cost(cost_file, 1.0)
         ramped = ramp(plan, cost_file)
-        capacity = ramped["capacity"]
+        capacity = max(1, ramped["admitted"])  # what the daemon let in: the load's unit
         return {
             "pace_hz": plan.hz,
             "windows": 1,
-            "capacity": capacity,
+            "capacity": ramped["capacity"],
+            "admitted": ramped["admitted"],
             "knee": ramped["knee"],
             "ramp": ramped["rows"],
             "churn": churn(plan, cost_file, capacity)["rows"],
@@ -404,7 +416,10 @@ def main(argv: list[str] | None = None) -> None:
     plan = QUICK if args.quick else Plan(hz=args.pace_hz, callers=args.callers)
     result = run(plan)
     if not args.json:
-        print(f"capacity published {result['capacity']}, knee measured {result['knee']}")
+        print(
+            f"capacity published {result['capacity']} (admitted {result['admitted']}), "
+            f"knee measured {result['knee']}"
+        )
     report.emit(result, TABLES, args.json)
 
 

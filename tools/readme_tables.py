@@ -167,7 +167,10 @@ def _columns(rows: list[Row], columns: list[tuple[str, str]]) -> str:
 
 
 def realtime_ramp(result: dict[str, Any]) -> str:
-    head = f"published capacity {result['capacity']}, knee without admission {result['knee']}"
+    head = (
+        f"published capacity {result['capacity']} (admitted {result['admitted']}), "
+        f"knee without admission {result['knee']}"
+    )
     columns = [("admission", "admission"), ("published", "published"), ("offered", "offered")]
     columns += [("admitted", "admitted"), ("fps_min", "fps min"), ("fps_median", "fps median")]
     columns += [("on_time_min_pct", "on time min %"), ("on_time_median_pct", "on time median %")]
