@@ -49,10 +49,10 @@ DEFAULT_MARGIN = 0.1
 class StepCost:
     """The online fit ``t(n) = a + b*n`` of a turn's seconds by its rows."""
 
-    __slots__ = ("_n", "_nn", "_nt", "_t", "_w", "samples")
+    __slots__ = ("_n", "_nn", "_nt", "_t", "_tt", "_w", "samples")
 
     def __init__(self) -> None:
-        self._w = self._n = self._nn = self._t = self._nt = 0.0
+        self._w = self._n = self._nn = self._t = self._nt = self._tt = 0.0
         self.samples = 0
 
     def add(self, rows: int, seconds: float) -> None:
@@ -67,6 +67,7 @@ class StepCost:
         self._nn = self._nn * f + rows * rows
         self._t = self._t * f + seconds
         self._nt = self._nt * f + rows * seconds
+        self._tt = self._tt * f + seconds * seconds
         self.samples += 1
 
     @property
@@ -95,12 +96,28 @@ class StepCost:
         return a + b * rows
 
     def capacity(self, budget_s: float) -> int | None:
-        """The most rows whose predicted turn fits ``budget_s``; None while unknown."""
+        """The most rows whose turn fits ``budget_s`` on the pessimistic side of
+        the fit; None while unknown.
+
+        The capacity is an extrapolation, so it takes the slope at the top of its
+        uncertainty (two standard errors, from the residuals), through the mean
+        turn: a clean line gives the line's answer, while a slope fitted to noisy
+        turns of bursty arrivals, which comes out low as often as high, no longer
+        promises sessions past the knee (seen: 68 admitted for a knee of 56).
+        Through the origin (rows that barely vary) it is the safe side already.
+        """
         if not self.known:
             return None
         a, b = self.coefficients()
         if b <= 0:
             return None
+        if a > 0:  # a fitted line: steepen it by its uncertainty, through the mean
+            w, n, t = self._w, self._n, self._t
+            sxx = self._nn - n * n / w
+            residual = max(0.0, self._tt - t * t / w - b * (self._nt - n * t / w))
+            if sxx > 0 and w > 2:
+                b += 2.0 * math.sqrt(residual / (w - 2) / sxx)
+                a = max(0.0, t / w - b * n / w)
         return max(0, math.floor((budget_s - a) / b + 1e-9))  # (no rounding down 30 to 29)
 
 

@@ -224,3 +224,21 @@ def test_turns_that_fit_reduce_nobody_whatever_the_prediction_says() -> None:
     for _ in range(100):
         g.observe(0.020, 30)  # the reduction made the turns short: no further cut
     assert g.divisor[1] == 2
+
+
+def test_a_slope_fitted_to_noisy_bursts_promises_no_sessions_past_the_line() -> None:
+    """Arrivals in bursts (7 rows at a time) with noisy turns: the capacity is taken
+    on the pessimistic side of the slope's uncertainty, never past the truth by
+    more than the margin the daemon keeps anyway."""
+    import random  # noqa: PLC0415
+
+    truth = (0.030 - 0.0015) / 0.00048  # 59 rows
+    for seed in range(10):
+        rng = random.Random(seed)
+        cost, n = StepCost(), 7
+        for k in range(600):
+            if k % 40 == 0 and n < 56:
+                n += 7
+            cost.add(n, 0.0015 + 0.00048 * n + rng.uniform(-0.003, 0.003))
+            capacity = cost.capacity(0.030)
+            assert capacity is None or capacity <= truth * 1.1, (seed, k, n, capacity)
