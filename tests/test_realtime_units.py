@@ -242,3 +242,16 @@ def test_a_slope_fitted_to_noisy_bursts_promises_no_sessions_past_the_line() -> 
             cost.add(n, 0.0015 + 0.00048 * n + rng.uniform(-0.003, 0.003))
             capacity = cost.capacity(0.030)
             assert capacity is None or capacity <= truth * 1.1, (seed, k, n, capacity)
+
+
+def test_turns_that_already_run_long_refuse_the_next_attach_whatever_the_fit() -> None:
+    from rte.realtime import RealTime  # noqa: PLC0415
+
+    rt = RealTime(30.0, 256)
+    for _ in range(50):  # 20 rows in 10 ms: the line says 54 fit 30 ms
+        rt.cost.add(20, 0.010)
+    rt.admit(20)
+    for _ in range(10):  # then the same rows take 35 ms (the cores are taken)
+        rt.cost.add(20, 0.035)
+    with pytest.raises(AdmissionError, match=r"capacity \d+ sessions at 30 Hz reached \(20"):
+        rt.admit(20)

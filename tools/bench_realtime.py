@@ -86,7 +86,7 @@ class Plan:
     settle_s: float = 1.0
     levels: tuple[float, ...] = (0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5, 2.0)  # x capacity
     fill_step: int = 4  # sessions attached between pauses while filling
-    fill_pause_s: float = 0.3
+    fill_pause_s: float = 1.0  # (arrivals an operator sees: the model keeps up)
     churn_s: float = 60.0
     lifetime_s: float = 20.0
     overload_s: tuple[float, float, float] = (5.0, 10.0, 10.0)
@@ -102,6 +102,7 @@ QUICK = Plan(
     settle_s=0.5,
     levels=(0.5, 1.0, 2.0),
     fill_step=1,
+    fill_pause_s=0.3,
     churn_s=4.0,
     lifetime_s=2.0,
     overload_s=(1.0, 2.0, 2.0),
