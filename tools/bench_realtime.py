@@ -20,7 +20,7 @@ quarter second). Four parts, each against its peer in the same run:
    capacity, both ways: sessions served and refused, each admitted session's
    chunks on time (p1, p50 over sessions), time to first chunk and input to
    photon (p50, p95/p99) and stalls per session-minute.
-3. **overload**: 0.8x capacity in two priority classes (half each), then the
+3. **overload**: 0.6x capacity in two priority classes (half each), then the
    model's cost doubled for a while, then restored: chunks on time and the
    share of its rate each class got, before, during and after.
 4. **process per session**: the same sessions as one daemon each
@@ -310,7 +310,7 @@ def churn(plan: Plan, cost_file: str, capacity: int) -> dict[str, Any]:
 def overload(plan: Plan, cost_file: str, capacity: int, classes: tuple[int, int]) -> dict[str, Any]:
     rows = []
     period = round(1e9 / plan.hz)
-    n = max(2, round(0.8 * capacity))
+    n = max(2, round(0.6 * capacity))  # doubled: 1.2x, and 0.75x with the low class at 1/4
     with _daemon(plan, "realtime", cost_file) as daemon, ExitStack() as stack:
         callers = Callers([daemon.name], plan.callers, plan.act_every_s)
         stack.callback(callers.close)

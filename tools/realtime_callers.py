@@ -39,6 +39,7 @@ from rte.errors import AdmissionError, RteError
 
 MOVES = [[1, 0], [0, 1], [-1, 0], [0, -1]]
 Wanted = tuple[str, int | None, float | None]  # session, priority, lifetime in s
+CALLERS_AT_MOST = 1000  # a caller's seed is this plus its index
 
 
 @dataclass
@@ -62,13 +63,14 @@ class Track:
 class Caller:
     """One caller process's sessions over its clients (one per daemon name)."""
 
-    def __init__(self, names: list[str], act_every_s: float, seed: int) -> None:
+    def __init__(self, names: list[str], act_every_s: float, seed: int, stride: int = 1) -> None:
         self.clients: list[EngineClient] = [connect(n, timeout=60) for n in names]
         self.act_every_ns = int(act_every_s * 1e9)
         self.random = random.Random(seed)
         self.live: dict[str, Track] = {}
         self.done: list[Track] = []
-        self._next_daemon = 0
+        # caller i of n puts its k-th session on daemon i + k*n: n callers cover them all
+        self._next_daemon, self._stride = seed % CALLERS_AT_MOST, stride
 
     def attach(
         self, wanted: list[tuple[str, int | None, float | None]], wait_s: float
@@ -76,7 +78,7 @@ class Caller:
         answers = []
         for session, priority, lifetime in wanted:
             daemon = self._next_daemon % len(self.clients)
-            self._next_daemon += 1
+            self._next_daemon += self._stride
             track = Track(session, priority, daemon)
             track.attach_sent_ns = time.monotonic_ns()
             options: dict[str, Any] = {} if priority is None else {"priority": priority}
@@ -168,10 +170,12 @@ class Caller:
                 client.close()
 
 
-def serve(conn: Connection, names: list[str], act_every_s: float, seed: int) -> None:
+def serve(
+    conn: Connection, names: list[str], act_every_s: float, seed: int, stride: int = 1
+) -> None:
     """A caller process's main: connect, answer ``ready``, then obey the driver."""
     try:
-        caller = Caller(names, act_every_s, seed)
+        caller = Caller(names, act_every_s, seed, stride)
     except Exception as exc:  # the driver says why
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -206,7 +210,7 @@ class Callers:
         self.processes = []
         for i in range(n):
             ours, theirs = context.Pipe()
-            args = (theirs, names, act_every_s, 1000 + i)
+            args = (theirs, names, act_every_s, CALLERS_AT_MOST + i, n)
             process = context.Process(target=serve, args=args, daemon=True)
             process.start()
             self.pipes.append(ours)
