@@ -39,6 +39,7 @@ from rte.errors import AdmissionError
 FORGET = 0.98  # each turn's weight decays by this per later turn (a window of ~50 turns)
 MIN_SAMPLES = 8  # turns seen before the model claims to know anything
 RECENT = 0.8  # the recent turn's weight decays by this per turn (the last few turns)
+RECENT_FOR_S = 0.5  # ... and says nothing once no turn has stepped a row for this long
 CLIP = 3.0  # a sample is counted as at most this many times its prediction
 MIN_SPREAD_ROWS = 1.0  # below this weighted spread of n, fit through the origin
 MIN_RELATIVE_SPREAD = 0.2  # ... or below this share of the mean n (its standard deviation)
@@ -50,18 +51,20 @@ DEFAULT_MARGIN = 0.1
 class StepCost:
     """The online fit ``t(n) = a + b*n`` of a turn's seconds by its rows."""
 
-    __slots__ = ("_n", "_nn", "_nt", "_t", "_tt", "_w", "recent_s", "samples")
+    __slots__ = ("_n", "_nn", "_nt", "_recent_at", "_t", "_tt", "_w", "recent_s", "samples")
 
     def __init__(self) -> None:
         self._w = self._n = self._nn = self._t = self._nt = self._tt = 0.0
         self.samples = 0
         self.recent_s = 0.0  # the last few turns' seconds, as they were (not clipped)
+        self._recent_at = 0.0  # when the last of them was counted
 
     def add(self, rows: int, seconds: float) -> None:
         """Count one turn that stepped ``rows`` rows in ``seconds``."""
         if rows <= 0 or not seconds >= 0:
             return
         self.recent_s = RECENT * self.recent_s + (1.0 - RECENT) * seconds
+        self._recent_at = time.monotonic()
         if self.samples >= MIN_SAMPLES:
             seconds = min(seconds, CLIP * self.predict(rows))
         f = FORGET
@@ -72,6 +75,12 @@ class StepCost:
         self._nt = self._nt * f + rows * seconds
         self._tt = self._tt * f + seconds * seconds
         self.samples += 1
+
+    def recent(self) -> float:
+        """The last few turns' seconds; 0 once no turn has stepped a row for a while
+        (a drained cohort's last turns say nothing about the next one)."""
+        fresh = time.monotonic() - self._recent_at < RECENT_FOR_S
+        return self.recent_s if fresh else 0.0
 
     @property
     def known(self) -> bool:
@@ -170,7 +179,7 @@ class RealTime:
         if self.admission != "realtime":
             return
         capacity = self.capacity()
-        if capacity is not None and self.cost.recent_s > self.budget_s:
+        if capacity is not None and self.cost.recent() > self.budget_s:
             # the turns already run long, whatever the model says (a neighbour takes
             # the cores, the cost grew faster than linearly): nobody more for now
             capacity = min(capacity, attached)

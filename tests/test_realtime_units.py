@@ -255,3 +255,17 @@ def test_turns_that_already_run_long_refuse_the_next_attach_whatever_the_fit() -
         rt.cost.add(20, 0.035)
     with pytest.raises(AdmissionError, match=r"capacity \d+ sessions at 30 Hz reached \(20"):
         rt.admit(20)
+
+
+def test_a_drained_cohorts_last_long_turns_refuse_nobody_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rte import realtime  # noqa: PLC0415
+
+    rt = realtime.RealTime(30.0, 256)
+    for _ in range(50):
+        rt.cost.add(20, 0.010)
+    for _ in range(10):
+        rt.cost.add(20, 0.035)  # the last turns before everyone left ran long
+    monkeypatch.setattr(realtime, "RECENT_FOR_S", 0.0)  # ... a while ago
+    rt.admit(0)  # (it refused every attach for good: nothing stepped to refresh them)
