@@ -159,9 +159,18 @@ def transport_latent(result: dict[str, Any]) -> str:
     return table(["handing a latent to another process", *sizes], body, "l" + "r" * len(sizes))
 
 
+def _cell(value: Any) -> str:
+    """Text as it is, whole numbers as whole numbers, the rest by :func:`num`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return f"{int(value):,}"
+    return num(value)
+
+
 def _columns(rows: list[Row], columns: list[tuple[str, str]]) -> str:
     """A table of ``rows`` by (key, heading); text left, numbers right."""
-    cells = [[r[k] if isinstance(r[k], str) else num(r[k]) for k, _ in columns] for r in rows]
+    cells = [[_cell(r[k]) for k, _ in columns] for r in rows]
     align = "".join("l" if rows and isinstance(rows[0][k], str) else "r" for k, _ in columns)
     return table([h for _, h in columns], cells, align)
 
