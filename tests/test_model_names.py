@@ -30,3 +30,19 @@ def test_the_torch_model_says_it_is_random_weights_everywhere() -> None:
         n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TorchWorldModel"
     )
     assert "untrained" in (ast.get_docstring(model) or "")
+
+
+def test_every_command_that_offers_a_model_says_what_each_is() -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    for command in ("demo", "play", "serve"):
+        shown = subprocess.run(
+            [sys.executable, "-m", "rte", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"},
+        ).stdout
+        assert "torch: random weights, untrained" in " ".join(shown.split()), command

@@ -31,6 +31,7 @@ from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
+from rte.models import model_choices
 
 START_TIMEOUT_S = 60.0  # a launched daemon's model may take a while to load
 DEFAULT_MODEL = "world"
@@ -66,7 +67,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"a launched daemon's model: short name or module:factory (default {DEFAULT_MODEL})",
+        help=f"a launched daemon's model: short name or module:factory (default "
+        f"{DEFAULT_MODEL}); {model_choices()}",
     )
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(

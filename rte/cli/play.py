@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rte.errors import ConfigurationError
+from rte.models import model_choices
 
 DEFAULT_MODEL = "world"  # the model a launched daemon serves: the trained world
 DEFAULT_PROMPT = "a forest"
@@ -41,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"a launched daemon's model (default {DEFAULT_MODEL})",
+        help=f"a launched daemon's model (default {DEFAULT_MODEL}); {model_choices()}",
     )
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(

@@ -23,6 +23,7 @@ from rte.ipc.names import DaemonNames
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
 from rte.ipc.supervisor import Child, supervise
+from rte.models import model_choices
 from rte.serve import DEFAULT_CREDITS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -43,7 +44,7 @@ class Option:
 
 OPTIONS = (
     Option("name", str, None, "the daemon's name (clients connect by it)"),
-    Option("model", str, "reference", "short name or module:factory"),
+    Option("model", str, "reference", f"short name or module:factory; {model_choices()}"),
     Option(
         "device",
         str,
