@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from rte.cli.options import add_daemon_choice
 from rte.cli.sheet import contact_sheet, write_png
 from rte.client import EngineClient, connect
 from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.childlog import child_log, last_words
 from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
-from rte.models import model_choices
 
 START_TIMEOUT_S = 60.0  # a launched daemon's model may take a while to load
 DEFAULT_MODEL = "world"
@@ -55,21 +55,7 @@ def add_parser(sub: Any) -> None:
         help="launch a daemon, stream sessions from a client, show rates",
         description="Launch a daemon, stream sessions from a client process, show rates.",
     )
-    p.add_argument("--name", help="attach to this running daemon instead of launching one")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="with --name: wait up to this long for that daemon to come up (default 0: "
-        "it must be running)",
-    )
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"a launched daemon's model: short name or module:factory (default "
-        f"{DEFAULT_MODEL}); {model_choices()}",
-    )
+    add_daemon_choice(p, DEFAULT_MODEL)
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(
         "--sessions", type=int, default=4, help="sessions to stream, at least 1 (default 4)"

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rte.cli.options import add_daemon_choice
 from rte.errors import ConfigurationError
-from rte.models import model_choices
 
 DEFAULT_MODEL = "world"  # the model a launched daemon serves: the trained world
 DEFAULT_PROMPT = "a forest"
@@ -30,20 +30,7 @@ def add_parser(sub: Any) -> None:
         "daemon (launched here, or --name): frames on a canvas, arrow keys or WASD "
         "move, a text box sets the prompt, a button resets. Needs rte[play] (aiohttp).",
     )
-    p.add_argument("--name", help="attach to this running daemon instead of launching one")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="with --name: wait up to this long for that daemon to come up (default 0: "
-        "it must be running)",
-    )
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"a launched daemon's model (default {DEFAULT_MODEL}); {model_choices()}",
-    )
+    add_daemon_choice(p, DEFAULT_MODEL)
     p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(
         "--port",

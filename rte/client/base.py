@@ -45,6 +45,21 @@ _FINAL = {  # the notices that answer each waiting call
 }
 
 
+def until_admitted(attempt: Callable[[], object], wait: float) -> None:
+    """``attempt()`` an attach, again every :data:`ADMISSION_RETRY_S` while it raises
+    AdmissionError, for up to ``wait`` seconds (then that AdmissionError)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            attempt()
+            return
+        except AdmissionError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(ADMISSION_RETRY_S, left))
+
+
 class Chunk:
     """One chunk of one session.
 
@@ -184,17 +199,11 @@ class EngineClient(abc.ABC):
         session, credits = arguments.session(session), arguments.credits(credits)
         conditioning = arguments.conditioning(conditioning, "attach")
         timeout, wait = arguments.timeout(timeout), arguments.timeout(wait, "wait")
-        deadline = time.monotonic() + wait
-        while True:
-            request = Attach(session, dict(conditioning or {}), self._next_seq(), credits, priority)
-            try:
-                self._call(request, timeout)
-                return
-            except AdmissionError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(min(ADMISSION_RETRY_S, left))
+        cond = dict(conditioning or {})
+        until_admitted(
+            lambda: self._call(Attach(session, cond, self._next_seq(), credits, priority), timeout),
+            wait,
+        )
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """Send an action; it applies at the session's next step. Does not wait

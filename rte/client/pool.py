@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rte.client.base import ADMISSION_RETRY_S, EngineClient, R
+from rte.client.base import EngineClient, R, until_admitted
 from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmClient
 from rte.contract import Notice, NoticeKind
@@ -116,16 +116,9 @@ class PoolClient(EngineClient):
         """As :meth:`EngineClient.attach`, on the daemon with the most free rows; a
         daemon that refuses (rows, or its real-time capacity) passes it to the next.
         ``wait``: seconds to keep trying them all while every one refuses."""
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                self._attach_once(session, conditioning, credits, timeout, priority)
-                return
-            except AdmissionError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(min(ADMISSION_RETRY_S, left))
+        until_admitted(
+            lambda: self._attach_once(session, conditioning, credits, timeout, priority), wait
+        )
 
     def _attach_once(
         self,
