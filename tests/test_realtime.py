@@ -61,8 +61,8 @@ def rowcost_daemon(shm_prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]
     cost = tmp_path / "cost"
     cost.write_text("1")
 
-    def start(*args: str) -> DaemonProcess:
-        env = {"RTE_TEST_ROW_MS": str(ROW_MS), "RTE_TEST_COST_FILE": str(cost)}
+    def start(*args: str, row_ms: float = ROW_MS) -> DaemonProcess:
+        env = {"RTE_TEST_ROW_MS": str(row_ms), "RTE_TEST_COST_FILE": str(cost)}
         daemon = DaemonProcess(
             f"{shm_prefix}rt{len(made)}",
             "--model",
@@ -221,8 +221,6 @@ def test_receipts_name_the_last_action_each_chunk_applied_in_a_daemon(shm_prefix
 
 def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(
     rowcost_daemon: tuple,  # type: ignore[type-arg]
-    shm_prefix: str,
-    tmp_path: Path,
 ) -> None:
     """Two daemons of the same rows, one of them four times as costly per session:
     when the costly one refuses by real time, the pool's attach goes to the other."""
@@ -230,26 +228,17 @@ def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(
 
     start, _ = rowcost_daemon
     cheap = start()
-    costly_cost = tmp_path / "costly"
-    costly_cost.write_text("1")
-    costly = DaemonProcess(
-        f"{shm_prefix}rtc", "--model", "rowcost_model:rowcost", "--max-sessions", "24",
-        "--pace-hz", str(PACE),
-        env={"RTE_TEST_ROW_MS": str(4 * ROW_MS), "RTE_TEST_COST_FILE": str(costly_cost)},
-    )  # fmt: skip
-    try:
-        cheap.client().close()  # both up
-        costly.client().close()
-        with connect_pool([cheap.name, costly.name], timeout=30) as pool:
-            for i in range(10):  # past the costly one's capacity (about 2), under the cheap one's
-                pool.attach(f"s{i}")
-                _consume(pool, 0.3)  # turns of every size: each daemon learns its slope
-            on_costly = snapshot(costly.name)["realtime"]["attached"]
-            on_cheap = snapshot(cheap.name)["realtime"]["attached"]
-            assert on_costly + on_cheap == 10
-            assert on_costly < on_cheap  # the refusals went next door, none was lost
-    finally:
-        assert costly.stop() == 0, costly.stderr
+    costly = start(row_ms=4 * ROW_MS)
+    cheap.client().close()  # both up
+    costly.client().close()
+    with connect_pool([cheap.name, costly.name], timeout=30) as pool:
+        for i in range(10):  # past the costly one's capacity (about 2), under the cheap one's
+            pool.attach(f"s{i}")
+            _consume(pool, 0.3)  # turns of every size: each daemon learns its slope
+        on_costly = snapshot(costly.name)["realtime"]["attached"]
+        on_cheap = snapshot(cheap.name)["realtime"]["attached"]
+        assert on_costly + on_cheap == 10
+        assert on_costly < on_cheap  # the refusals went next door, none was lost
 
 
 def test_attach_with_wait_gets_the_place_a_leaving_session_frees(
