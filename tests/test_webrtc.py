@@ -69,13 +69,10 @@ RTC_FLAGS = [
 # a recorder of what the video shows, at the model's size, with each frame's chunk
 RECORD = """(() => {
   window.__frames = [];
-  const grab = document.createElement("canvas"), g = grab.getContext("2d");
-  rtePlay.onframe = (chunk) => {
+  rtePlay.onframe = (chunk) => {  // the picture whose stamp said chunk, not the video now
     if (__frames.length >= 400) return;
-    const v = rtePlay.video, k = rtePlay.scale;
-    if (grab.width !== v.videoWidth) { grab.width = v.videoWidth; grab.height = v.videoHeight; }
-    g.drawImage(v, 0, 0);
-    const data = g.getImageData(0, 0, grab.width, grab.height).data;
+    const grab = rtePlay.picture, k = rtePlay.scale;
+    const data = grab.getContext("2d").getImageData(0, 0, grab.width, grab.height).data;
     let bytes = "";
     for (let y = 0; y < rtePlay.height; y++) {
       for (let x = 0; x < rtePlay.width; x++) {
