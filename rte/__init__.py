@@ -44,8 +44,9 @@ if TYPE_CHECKING:
         UnknownSessionError,
     )
     from rte.lanes import Lane
+    from rte.protocol.requests import Act, Attach, Detach, Reset, Stop, Wake
     from rte.replica import ReplicaEngine
-    from rte.serve import Act, Attach, Detach, Reset, ServeLoop, Stop, Wake, default_serve
+    from rte.serve import ServeLoop, default_serve
     from rte.stages import Batch, HeapAllocator, OutputAllocator, Stage, StageModel
 
 _HOMES = {
@@ -70,13 +71,13 @@ _HOMES = {
     "UnknownSessionError": "rte.errors",
     "Lane": "rte.lanes",
     "ReplicaEngine": "rte.replica",
-    "Act": "rte.serve",
-    "Attach": "rte.serve",
-    "Detach": "rte.serve",
-    "Reset": "rte.serve",
+    "Act": "rte.protocol.requests",
+    "Attach": "rte.protocol.requests",
+    "Detach": "rte.protocol.requests",
+    "Reset": "rte.protocol.requests",
     "ServeLoop": "rte.serve",
-    "Stop": "rte.serve",
-    "Wake": "rte.serve",
+    "Stop": "rte.protocol.requests",
+    "Wake": "rte.protocol.requests",
     "default_serve": "rte.serve",
     "Batch": "rte.stages",
     "HeapAllocator": "rte.stages",

@@ -45,10 +45,12 @@ from shm.errors import (
 )
 from shm.lock import NameLock, NameLockHeld
 from shm.names import shm_name
-from shm.ring import Ring, RingStatistics, WaitPolicy, wait_any
+from shm.ring import Ring, WaitPolicy, max_record, wait_any
+from shm.ring_stats import RingStatistics
 from shm.segment import Segment, is_alive
 from shm.slab import Loan, Sample, Slab
 from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState, one_run
+from shm.words import Word
 
 __all__ = [
     "BatchLoan",
@@ -84,9 +86,11 @@ __all__ = [
     "SlotState",
     "StaleSlot",
     "WaitPolicy",
+    "Word",
     "WouldBlock",
     "check_rc",
     "is_alive",
+    "max_record",
     "one_run",
     "shm_name",
     "wait_any",

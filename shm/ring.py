@@ -34,12 +34,12 @@ import enum
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Any
 
 from shm.doorbell import Bell, Doorbell
 from shm.errors import LayoutError, RingEmpty, RingFull, SegmentError, check_rc
 from shm.native import ffi, lib
+from shm.ring_stats import RingStatistics
 from shm.segment import Segment
 
 HEADER = int(lib.shm_ring_header_size())
@@ -59,50 +59,9 @@ class WaitPolicy(enum.Enum):
     BLOCK = "block"
 
 
-# RingStatistics fields that are not read as the C field of the same name
-_DERIVED = frozenset({"used_bytes", "high_water_bytes", "consumer_sleeping"})
-
-
-@dataclass(frozen=True)
-class RingStatistics:
-    """Counters read from the ring's header in shared memory (a live snapshot).
-
-    Each field is the ``shm_ring_stats_t`` field of the same name, except the
-    three that :meth:`from_c` derives: ``used_bytes`` (head - tail),
-    ``high_water_bytes`` (``high_water``) and ``consumer_sleeping``
-    (``sleeping``).
-    """
-
-    capacity: int
-    used_bytes: int
-    high_water_bytes: int
-    pushed: int
-    popped: int
-    bytes_pushed: int
-    bytes_popped: int
-    full_events: int
-    oversized: int
-    corrupt: int
-    wakeups: int
-    consumer_sleeping: bool
-
-    @property
-    def waiting(self) -> int:
-        """Records pushed and not yet popped."""
-        return self.pushed - self.popped
-
-    @classmethod
-    def from_c(cls, out: Any) -> RingStatistics:
-        """Build from a filled ``shm_ring_stats_t``, field by field by name."""
-        named: dict[str, Any] = {
-            f.name: int(getattr(out, f.name)) for f in fields(cls) if f.name not in _DERIVED
-        }
-        return cls(
-            **named,
-            used_bytes=int(out.head - out.tail),
-            high_water_bytes=int(out.high_water),
-            consumer_sleeping=bool(out.sleeping),
-        )
+def max_record(capacity: int) -> int:
+    """The largest record a ring of ``capacity`` bytes carries."""
+    return int(lib.shm_ring_max_payload(capacity))
 
 
 class Ring:
@@ -131,7 +90,7 @@ class Ring:
             where = f"the ring at offset {offset} of {segment.name}"
             raise LayoutError(f"{where} says {capacity} bytes, its layout {expected}: garbled")
         self.capacity = capacity
-        self.max_record = int(lib.shm_ring_max_payload(capacity))
+        self.max_record = max_record(capacity)
         self.policy = WaitPolicy(policy)
         if self.policy is not WaitPolicy.SPIN and doorbell is None:
             raise ValueError(f"wait policy {self.policy.value!r} needs a doorbell")

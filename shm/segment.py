@@ -49,6 +49,7 @@ from shm.errors import (
 )
 from shm.names import SHM_DIR, unlink_segment
 from shm.native import ffi, lib
+from shm.words import Word
 
 PAGE = mmap.PAGESIZE
 HEADER_SIZE = max(PAGE, 4096)
@@ -265,6 +266,10 @@ class Segment:
     def word(self, offset: int) -> Any:
         """A ``uint64_t *`` at ``offset`` (8-aligned), for the atomics."""
         return ffi.cast("uint64_t *", self.ptr(offset))
+
+    def atomic(self, offset: int) -> Word:
+        """The shared word at ``offset`` (8-aligned), with its atomics."""
+        return Word(self, offset)
 
     def array(
         self, offset: int, dtype: Any, shape: tuple[int, ...], *, readonly: bool

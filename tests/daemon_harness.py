@@ -16,11 +16,11 @@ import psutil
 
 from rte.client import Chunk, EngineClient, ShmClient, connect
 from rte.ipc.childlog import child_log, said
-from rte.ipc.claims import ClaimTable
-from rte.ipc.control import KIND_CLAIMS, KIND_CONTROL, KIND_MAILBOX, Control, DaemonState
-from rte.ipc.mailbox import Mailbox
-from rte.ipc.names import DaemonNames
-from rte.ipc.wire import Bye, encode_request
+from rte.protocol.claims import ClaimTable
+from rte.protocol.control import KIND_CLAIMS, KIND_CONTROL, KIND_MAILBOX, Control, DaemonState
+from rte.protocol.mailbox import Mailbox
+from rte.protocol.names import DaemonNames
+from rte.protocol.wire import Bye, encode_request
 from shm import Doorbell, Segment
 from shm.names import SHM_DIR
 

@@ -15,9 +15,9 @@ from daemon_harness import DaemonProcess, Deadline
 import rte.client.aio
 from rte import ComposedEngine
 from rte.client import AsyncClient, ClientClosedError, EngineGone, InProcessClient, connect_async
-from rte.ipc.names import DaemonNames
 from rte.models import load_model
 from rte.models.null import tag_of
+from rte.protocol.names import DaemonNames
 from shm import SegmentExistsError
 from shm.fifo import FifoBell
 from shm.names import objects, shm_name, unlink_objects

@@ -19,7 +19,7 @@ from daemon_harness import DaemonProcess, leftovers
 import rte
 from rte import EngineGone, RequestError
 from rte.client import connect
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm.names import objects, shm_name
 
 

@@ -17,8 +17,8 @@ import pytest
 from daemon_harness import DaemonProcess, RawClient, take, wait_for
 
 from rte.client import connect
-from rte.ipc.control import KIND_CONTROL, Control, DaemonState
-from rte.ipc.names import DaemonNames
+from rte.protocol.control import KIND_CONTROL, Control, DaemonState
+from rte.protocol.names import DaemonNames
 from shm import Segment
 from shm.names import SHM_DIR
 from shm.native import lib

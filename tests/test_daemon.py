@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 from rte import NoticeKind
 from rte.client import EngineClient, EngineGone, RequestError
 from rte.contract import Notice
-from rte.ipc.control import Control
-from rte.ipc.names import DaemonNames
-from rte.ipc.values import encode_value
-from rte.ipc.wire import HEADER, RecordType, decode_reply
+from rte.protocol.control import Control
+from rte.protocol.names import DaemonNames
+from rte.protocol.values import encode_value
+from rte.protocol.wire import HEADER, RecordType, decode_reply
 from shm import Segment
 
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams

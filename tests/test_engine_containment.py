@@ -13,7 +13,8 @@ from probe_model import InjectedFailure, make_engine
 from rte import Action, ComposedEngine, ResultKind, UnknownSessionError
 from rte.contract import NoticeKind, StepResult
 from rte.models import ReferenceModel
-from rte.serve import Act, Attach, ServeLoop
+from rte.protocol.requests import Act, Attach
+from rte.serve import ServeLoop
 
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
 

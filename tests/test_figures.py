@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rte.ipc import latency
 from rte.ipc.figures import SessionFigures, _buckets, size
+from rte.protocol import latency
 
 P = 33_333_333  # 30 Hz, in ns
 T0 = 10**12

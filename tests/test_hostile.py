@@ -27,10 +27,10 @@ from daemon_harness import DaemonProcess, RawClient, leftovers, take, wait_for
 from rte import EngineGone, NoticeKind, RequestError
 from rte.client import ShmClient
 from rte.contract import Notice
-from rte.ipc.control import KIND_CONTROL, DaemonState, Layout
-from rte.ipc.names import DaemonNames
-from rte.ipc.values import ARRAY_EXT
-from rte.ipc.wire import HEADER, RecordType, decode_reply
+from rte.protocol.control import KIND_CONTROL, DaemonState, Layout
+from rte.protocol.names import DaemonNames
+from rte.protocol.values import ARRAY_EXT
+from rte.protocol.wire import HEADER, RecordType, decode_reply
 from shm import Segment
 from shm.native import lib
 from shm.segment import HEADER_SIZE
@@ -160,7 +160,7 @@ def _consume(client: ShmClient, going: threading.Event) -> None:
 
 
 def _counters(name: str) -> dict[str, int]:
-    from rte.ipc.control import Control  # noqa: PLC0415
+    from rte.protocol.control import Control  # noqa: PLC0415
 
     with Segment.open(DaemonNames(name).control, readonly=True) as segment:
         return Control(segment).counters()

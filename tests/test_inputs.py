@@ -19,12 +19,12 @@ from rte.cli.inspect import render
 from rte.client import RequestError, RequestTimeout, ShmClient, connect
 from rte.contract import Action, NoticeKind
 from rte.errors import WireError
-from rte.ipc.control import KIND_INPUTS
-from rte.ipc.inputs import OWNER
 from rte.ipc.inspect import snapshot
-from rte.ipc.names import DaemonNames
-from rte.ipc.values import InputRef
-from rte.serve import Act
+from rte.protocol.control import KIND_INPUTS
+from rte.protocol.inputs import OWNER
+from rte.protocol.names import DaemonNames
+from rte.protocol.requests import Act
+from rte.protocol.values import InputRef
 from shm import Segment, Slab, SlotState
 from shm.names import SHM_DIR
 from shm.segment import HEADER_SIZE

@@ -23,7 +23,7 @@ from daemon_harness import DaemonProcess, wait_for
 
 from rte.cli import main as rte_main
 from rte.cli.inspect import fit
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm import Segment
 from shm.names import SHM_DIR
 

@@ -4,6 +4,7 @@ README says is where, and modules a reader can take in."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import shutil
@@ -124,3 +125,95 @@ def test_the_version_has_one_source_and_needs_no_install() -> None:
         "from rte.cli import main\nmain(['--version'])"
     )
     assert elsewhere.stdout.strip() == f"rte {rte.__version__}", elsewhere.stderr
+
+
+# -- what imports what, drawn from the code ---------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it is imported (TYPE_CHECKING blocks and
+    imports inside functions left out: they run later, or never)."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Try | ast.If | ast.With):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    for inner in getattr(node, block, []):
+                        visit(inner.body if isinstance(inner, ast.ExceptHandler) else [inner])
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([package.rsplit(".", node.level - 1)[0], base]).strip(".")
+                for a in node.names:  # a submodule, else a name in the module
+                    found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in _names() else base)
+
+    visit(tree.body)
+    return found
+
+
+@functools.cache
+def _names() -> frozenset[str]:
+    return frozenset(_module_name(p) for p in _modules())
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in _modules()}
+    return {
+        name: {m for m in _imports(path) if m in paths} - {name} for name, path in paths.items()
+    }
+
+
+def test_the_client_and_the_daemon_never_import_each_other() -> None:
+    graph = _graph()
+    for name, imported in graph.items():
+        if name.startswith("rte.client"):
+            assert not [m for m in imported if m.startswith("rte.ipc")], name
+        if name.startswith("rte.ipc"):
+            assert not [m for m in imported if m.startswith("rte.client")], name
+        if name.startswith("rte.protocol"):
+            wrong = [m for m in imported if m.startswith(("rte.ipc", "rte.client", "rte.serve"))]
+            assert not wrong, f"{name} imports {wrong}: the protocol sits below both sides"
+
+
+def test_nothing_above_shm_imports_its_compiled_module() -> None:
+    for path in _modules():
+        if str(path.relative_to(ROOT)).startswith("shm/"):
+            continue
+        native = {m for m in _imports(path) if m.startswith(("shm.native", "shm._native"))}
+        assert not native, f"{path} imports {native}: use shm.Word and the shm API"
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def walk(name: str) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            pytest.fail(f"an import cycle: {' -> '.join(cycle)}")
+        if name in done:
+            return
+        path.append(name)
+        for imported in sorted(graph[name]):
+            walk(imported)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        walk(name)

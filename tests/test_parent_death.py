@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from rte.ipc.inspect import summary
-from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with
+from rte.protocol.names import DaemonNames
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,8 +35,8 @@ from daemon_harness import DaemonProcess
 
 from rte.ipc.childlog import child_log, said
 from rte.ipc.inspect import summary
-from rte.ipc.names import DaemonNames
 from rte.models import worldgen
+from rte.protocol.names import DaemonNames
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = "tools/install_browser.sh"

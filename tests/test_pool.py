@@ -11,8 +11,8 @@ from daemon_harness import DaemonProcess, Deadline
 
 from rte.client import AdmissionError, EngineGone, PoolClient, connect, connect_pool
 from rte.contract import NoticeKind
-from rte.ipc.names import DaemonNames
 from rte.models.null import tag_of
+from rte.protocol.names import DaemonNames
 
 ROWS = 2
 

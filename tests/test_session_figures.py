@@ -16,7 +16,7 @@ from daemon_harness import DaemonProcess, wait_for
 
 from rte.ipc.inspect import snapshot
 from rte.ipc.metrics import prometheus
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm import Segment
 
 

@@ -16,8 +16,8 @@ from daemon_harness import DaemonProcess, Deadline, leftovers
 
 from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
-from rte.ipc.control import MAX_SESSIONS
 from rte.ipc.settings import Settings
+from rte.protocol.control import MAX_SESSIONS
 from shm.names import SHM_DIR
 
 

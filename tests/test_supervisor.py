@@ -15,7 +15,7 @@ from test_cli import one_line_error, rte_command
 
 from rte.cli.serve import OPTIONS, _children
 from rte.client import PoolClient, connect
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm import Segment
 from shm.names import objects, shm_name
 

@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 from rte.conditioning import conditioning_equal
 from rte.errors import WireError
-from rte.ipc.values import (
+from rte.protocol.values import (
     ARRAY_EXT,
     INPUT_EXT,
     MAX_DEPTH,

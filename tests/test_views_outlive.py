@@ -16,7 +16,7 @@ import pytest
 import views_workers
 from daemon_harness import DaemonProcess
 
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm import shm_name
 
 SPAWN = multiprocessing.get_context("spawn")

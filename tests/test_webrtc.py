@@ -51,8 +51,8 @@ from test_play import (
 
 from rte.ipc.childlog import child_log, said
 from rte.ipc.inspect import summary
-from rte.ipc.names import DaemonNames
 from rte.models import worldgen
+from rte.protocol.names import DaemonNames
 
 CODEC_BOUND = 8.0  # a decoded frame's mean absolute error (of 255) to the world's truth
 CLONE_NEWNET = 0x40000000

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from rte import Act, Action, Attach, Detach, Notice, NoticeKind, Reset
 from rte.errors import WireError
-from rte.ipc.values import encode_value
-from rte.ipc.wire import (
+from rte.protocol.values import encode_value
+from rte.protocol.wire import (
     HEADER,
     MAX_SESSION_BYTES,
     Bye,

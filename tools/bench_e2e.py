@@ -57,8 +57,8 @@ from rte.client import ChunkBatch, EngineClient, connect
 from rte.composed import ComposedEngine
 from rte.contract import Action, StepResult
 from rte.ipc.childlog import child_log, said
-from rte.ipc.names import DaemonNames
 from rte.models.null import NullModel, tag_of
+from rte.protocol.names import DaemonNames
 from tools import report
 
 PACE_HZ = 60.0

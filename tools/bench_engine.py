@@ -31,9 +31,10 @@ import numpy as np
 
 from rte import Batch, ComposedEngine
 from rte.contract import Action
-from rte.ipc import latency
 from rte.models import NullModel
-from rte.serve import Act, Attach, ServeLoop
+from rte.protocol import latency
+from rte.protocol.requests import Act, Attach
+from rte.serve import ServeLoop
 from tools.report import (
     DEFAULT_WINDOWS,
     Progress,

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from shm import Doorbell, Ring, Segment, Slab, SlotRef, shm_name
-from shm.native import lib
 from shm.segment import HEADER_SIZE
 from tools import report
 
@@ -104,11 +103,11 @@ def _server(kind: str, spec: dict[str, Any], endpoints: Any) -> None:
     if kind in ("floor", "ring-spin", "ring-spin-then-block", "slab"):
         rig = Rig(spec["slot_bytes"], create=False, name=spec["rig"])
         if kind == "floor":
-            ping, pong = rig.segment.word(rig.words), rig.segment.word(rig.words + 128)
+            ping, pong = rig.segment.atomic(rig.words), rig.segment.atomic(rig.words + 128)
             for i in range(1, n + 1):
-                while not lib.shm_spin_until_equal(ping, i, SPIN_NS):  # acquire; pairs below
+                while not ping.spin_until(i, SPIN_NS):  # acquire; pairs below
                     pass
-                lib.shm_store_release(pong, i)
+                pong.store(i)
         elif kind == "slab":
             rx, tx = rig.ring(0, "spin-then-block"), rig.ring(1, "spin-then-block")
             for _ in range(n):
@@ -213,12 +212,12 @@ def _exchange(peer: _Peer, size: int, latent: bool) -> Callable[[int], int]:
     small = bytes(SMALL)
     if kind == "floor":
         assert rig is not None
-        ping, pong = rig.segment.word(rig.words), rig.segment.word(rig.words + 128)
+        ping, pong = rig.segment.atomic(rig.words), rig.segment.atomic(rig.words + 128)
 
         def floor(i: int) -> int:
             t0 = time.perf_counter_ns()
-            lib.shm_store_release(ping, i)  # pairs with the server's acquire
-            while not lib.shm_spin_until_equal(pong, i, SPIN_NS):
+            ping.store(i)  # pairs with the server's acquire
+            while not pong.spin_until(i, SPIN_NS):
                 pass
             return time.perf_counter_ns() - t0
 

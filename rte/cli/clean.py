@@ -15,7 +15,7 @@ from typing import Any
 from rte.client.daemon import running_ones
 from rte.errors import RteError
 from rte.ipc.inspect import remove_leftovers
-from rte.ipc.names import DaemonNames
+from rte.protocol.names import DaemonNames
 from shm.names import objects, shm_name
 
 

@@ -30,8 +30,8 @@ from rte.cli.sheet import contact_sheet, write_png
 from rte.client import EngineClient, connect
 from rte.errors import ConfigurationError, EngineGone
 from rte.ipc.childlog import child_log, last_words
-from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
+from rte.protocol.names import DaemonNames
 
 START_TIMEOUT_S = 60.0  # a launched daemon's model may take a while to load
 DEFAULT_MODEL = "world"

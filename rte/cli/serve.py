@@ -19,12 +19,12 @@ from typing import Any
 from rte.client import members_of
 from rte.client.daemon import live_pid
 from rte.errors import ConfigurationError
-from rte.ipc.names import DaemonNames
 from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
 from rte.ipc.supervisor import Child, supervise
 from rte.models import model_choices
-from rte.serve import DEFAULT_CREDITS
+from rte.protocol.names import DaemonNames
+from rte.protocol.requests import DEFAULT_CREDITS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

@@ -31,8 +31,8 @@ from rte.errors import (
     RequestError,
     RequestTimeout,
 )
-from rte.ipc.names import DaemonNames
 from rte.models import load_model
+from rte.protocol.names import DaemonNames
 
 
 def connect(

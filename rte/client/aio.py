@@ -44,7 +44,7 @@ from rte.client.inputs import InputLoan
 from rte.contract import Action, Manifest, Notice
 from rte.errors import ClientClosedError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
-from rte.serve import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset
 
 T = TypeVar("T")
 CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often

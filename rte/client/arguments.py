@@ -8,7 +8,7 @@ way: a :class:`~rte.errors.RequestError` (a :class:`~rte.errors.WireError` for
 what the records cannot carry) that says which argument and what it may be,
 never a ``struct.error``, ``OverflowError`` or ``TypeError`` from inside the
 client. The limits of session ids and credits are the wire's
-(:mod:`rte.ipc.wire`), which checks them again when it encodes a request.
+(:mod:`rte.protocol.wire`), which checks them again when it encodes a request.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from rte.errors import RequestError
-from rte.ipc.wire import checked_credits, session_bytes
+from rte.protocol.wire import checked_credits, session_bytes
 
 MAX_TIMEOUT_S = 1e6  # about eleven days: every wait below can count it in nanoseconds
 

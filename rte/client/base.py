@@ -33,7 +33,7 @@ from rte.client.inputs import InputLoan, loan_layout
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
-from rte.serve import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset
 
 R = TypeVar("R", bound=Request)
 ADMISSION_RETRY_S = 0.05  # how often attach(wait=...) asks again

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from rte.errors import EngineGone, RequestTimeout, RteError, WireError
-from rte.ipc.control import KIND_CONTROL
-from rte.ipc.names import DaemonNames
+from rte.protocol.control import KIND_CONTROL
+from rte.protocol.names import DaemonNames
 from shm import (
     ForeignSegmentError,
     RecordTooLarge,

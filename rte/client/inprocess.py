@@ -33,9 +33,10 @@ from rte.client.inputs import by_reference
 from rte.contract import Engine, Notice, NoticeKind, StepResult
 from rte.credits import chunks_to_drive, credit_refusal
 from rte.errors import EngineGone, RequestError, RequestTimeout
-from rte.ipc.wire import encode_request
+from rte.protocol.requests import DEFAULT_CREDITS, Attach, Request, Stop, Wake
+from rte.protocol.wire import encode_request
 from rte.realtime import ADMISSIONS
-from rte.serve import DEFAULT_CREDITS, Attach, Request, Stop, Wake, default_serve
+from rte.serve import default_serve
 
 STOP_TIMEOUT_S = 30.0
 INBOX_LIMIT = 4096  # requests waiting for the loop: past it, a call times out

@@ -4,7 +4,7 @@ An array in a request's conditioning (a camera frame, an image) goes one of
 three ways:
 
 - written into a slot the client loaned first (``client.loan(shape, dtype)``):
-  published and sent as an :class:`~rte.ipc.values.InputRef`, never copied;
+  published and sent as an :class:`~rte.protocol.values.InputRef`, never copied;
 - any other array of :data:`BY_SLOT_BYTES` or more: copied once into a fresh
   slot, then the same (still no copy through the ring, none in the daemon);
 - a smaller one: inline in the record, as before.
@@ -35,16 +35,16 @@ from typing import Any
 import numpy as np
 
 from rte.errors import RequestError, RequestTimeout, WireError
-from rte.ipc.control import KIND_INPUTS
-from rte.ipc.inputs import OWNER, R, conditioning_of, open_slab, with_conditioning
-from rte.ipc.names import DaemonNames
-from rte.ipc.values import InputRef
-from rte.serve import Request
+from rte.protocol.control import KIND_INPUTS
+from rte.protocol.inputs import OWNER, R, conditioning_of, open_slab, with_conditioning
+from rte.protocol.names import DaemonNames
+from rte.protocol.requests import Request
+from rte.protocol.values import InputRef
 from shm import QuotaExceeded, Segment, SegmentNotFoundError, ShmError, Slab, SlabFull, SlotRef
 from shm.slab import Loan
 
 BY_SLOT_BYTES = 64 * 1024  # arrays this big or bigger travel by slot, not in the record
-MAX_NDIM = 8  # as the wire carries arrays (rte.ipc.values)
+MAX_NDIM = 8  # as the wire carries arrays (rte.protocol.values)
 _KINDS = "biufc"  # bool, ints, floats, complex: what the wire carries (never objects)
 
 

@@ -39,11 +39,11 @@ from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmClient
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RteError
-from rte.ipc.claims import ClientState
-from rte.ipc.inputs import conditioning_of
-from rte.ipc.values import InputRef
 from rte.overload import DEFAULT_PRIORITY
-from rte.serve import Act, Attach, Request, Reset
+from rte.protocol.claims import ClientState
+from rte.protocol.inputs import conditioning_of
+from rte.protocol.requests import Act, Attach, Request, Reset
+from rte.protocol.values import InputRef
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
 

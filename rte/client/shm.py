@@ -10,7 +10,7 @@
             client.act("alice", {"move": (0, 1)})
 
 A client claims a client slot and maps that slot's mailbox, no other's
-(:mod:`rte.ipc.mailbox`; the control segment read-only): requests go out on its
+(:mod:`rte.protocol.mailbox`; the control segment read-only): requests go out on its
 inbox ring, chunks and notices come back on its outbox ring: one STEP record
 per step, however many sessions, naming the slab slots the engine wrote that
 step's chunks into (one run of slots, read in place as one array). A released
@@ -42,18 +42,18 @@ from rte.client.daemon import meaning, open_control
 from rte.client.inputs import InputLoan, Lender, open_inputs
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, WireError
-from rte.ipc.claims import ClaimTable, ClientState
-from rte.ipc.control import KIND_CLAIMS, KIND_MAILBOX, KIND_SLAB, Control, DaemonState
-from rte.ipc.mailbox import Mailbox
-from rte.ipc.names import DaemonNames
-from rte.ipc.wire import (
+from rte.protocol.claims import ClaimTable, ClientState
+from rte.protocol.control import KIND_CLAIMS, KIND_MAILBOX, KIND_SLAB, Control, DaemonState
+from rte.protocol.mailbox import Mailbox
+from rte.protocol.names import DaemonNames
+from rte.protocol.requests import Request
+from rte.protocol.wire import (
     Bye,
     StepColumns,
     decode_reply,
     encode_request,
     reply_handle,
 )
-from rte.serve import Request
 from shm import (
     BatchSample,
     Doorbell,

@@ -1,8 +1,8 @@
 """The daemon side of rte, built on the ``shm`` transport.
 
-- :mod:`~rte.ipc.names` — every shared-object name of a daemon (one value object)
-- :mod:`~rte.ipc.control` — the control segment's layout: state, counters, client table
-- :mod:`~rte.ipc.wire` — the records on the rings; :mod:`~rte.ipc.values` the conditioning codec
+What it shares with its clients (names, layouts, the wire) is :mod:`rte.protocol`;
+it never imports :mod:`rte.client`.
+
 - :mod:`~rte.ipc.settings` — a daemon's settings, checked at once
 - :mod:`~rte.ipc.allocator` — slab slots as the engine's output buffers
 - :mod:`~rte.ipc.clients` — the client table: adopt, reap, quota-fair due list, idle

@@ -1,10 +1,10 @@
 """The daemon's client table: who is connected, and whose sessions may step.
 
 A client claims a slot in the claims segment itself
-(:class:`rte.ipc.claims.ClaimTable`); the table here is the daemon's side:
+(:class:`rte.protocol.claims.ClaimTable`); the table here is the daemon's side:
 
 - **adopt** ACTIVE claims of slots its roster has free, serving them through
-  that slot's mailbox (:mod:`rte.ipc.mailbox`: its rings and credit block,
+  that slot's mailbox (:mod:`rte.protocol.mailbox`: its rings and credit block,
   opened once at start), and record the client in the roster;
 - find **dead** clients (pid + start time, psutil) and **leaving** ones (their
   mailbox says so) so the core can detach their sessions, then **remove**
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from rte.ipc import figures
-from rte.ipc.claims import ClientEntry, ClientState
-from rte.ipc.control import Control
 from rte.ipc.figures import SessionFigures
-from rte.ipc.mailbox import ClientBlock, Mailbox
+from rte.protocol.claims import ClientEntry, ClientState
+from rte.protocol.control import Control
+from rte.protocol.mailbox import ClientBlock, Mailbox
 from shm import Doorbell, Ring, RingCorrupt, RingFull, Segment, Slab, is_alive
 from shm.fifo import FifoBell
 from shm.segment import HEADER_SIZE

@@ -43,15 +43,17 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
-from rte.ipc.control import Control, Counter, DaemonState
 from rte.ipc.figures import publish_realtime
-from rte.ipc.inputs import InputRefused, Inputs, conditioning_of, with_conditioning
+from rte.ipc.inputs import InputRefused, Inputs
 from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.ipc.settings import Settings
-from rte.ipc.wire import Bye, decode_request, request_seq
+from rte.protocol.control import Control, Counter, DaemonState
+from rte.protocol.inputs import conditioning_of, with_conditioning
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.wire import Bye, decode_request, request_seq
 from rte.replica import ReplicaEngine
-from rte.serve import Act, Attach, Detach, OutboxItem, Request, Reset, ServeLoop
+from rte.serve import OutboxItem, ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, RingCorrupt, Segment, Slab, WaitPolicy, wait_any
 from shm.fifo import FifoBell

@@ -11,7 +11,7 @@ writer: the serve thread) into arrays an inspector maps read-only:
   first chunk (``owed``), so a session stepped at half its rate has 50% at
   best. Unpaced, every chunk is on time (there is no tick to miss);
 - **inter-arrival**: the gaps between its chunks, as a histogram
-  (:mod:`rte.ipc.latency` buckets: p50 and p99 are read from it), and the
+  (:mod:`rte.protocol.latency` buckets: p50 and p99 are read from it), and the
   **longest stall** (its longest gap, less one period);
 - **input to photon**: an action received to the first chunk emitted whose
   receipt (``applied``) is at least its ``seq``; the oldest action not yet
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from rte.ipc import latency
-from rte.ipc.control import Control, RealTimeWord
+from rte.protocol import latency
+from rte.protocol.control import Control, RealTimeWord
 from rte.serve import ServeLoop
 
 NAME_BYTES = 64  # a session's name as shown (longer ones are cut)
@@ -186,7 +186,7 @@ class SessionFigures:
 
 def publish_realtime(control: Control, loop: ServeLoop, pace_hz: float) -> None:
     """What the serve loop knows of real time (capacity, cost, late ticks), into
-    the daemon's control block (:class:`~rte.ipc.control.RealTimeWord`)."""
+    the daemon's control block (:class:`~rte.protocol.control.RealTimeWord`)."""
     pacer = loop.pacer
     capacity = loop.capacity()
     a, b = loop.realtime.cost.coefficients()
@@ -207,7 +207,7 @@ def publish_realtime(control: Control, loop: ServeLoop, pace_hz: float) -> None:
 
 
 def _buckets(ns: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """:func:`rte.ipc.latency.bucket` over an int64 array, in a few NumPy calls."""
+    """:func:`rte.protocol.latency.bucket` over an int64 array, in a few NumPy calls."""
     ns = np.maximum(np.asarray(ns, np.int64), 1)
     bits = np.frexp(ns.astype(np.float64))[1].astype(np.int64)  # bit_length, exact below 2**53
     sub = (ns >> np.maximum(bits - 3, 0)) & (latency.SUB - 1)

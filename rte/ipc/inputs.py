@@ -4,7 +4,7 @@ Each client slot has its own input segment (``DaemonNames.client_inputs``):
 a slab of that client's share of the input slots, created by the daemon at
 start, mode 0600, and mapped by that client and the daemon only. A client
 writes a large input (a camera frame, an image) into a slot it loaned there,
-publishes it, and sends an :class:`~rte.ipc.values.InputRef` in its request
+publishes it, and sends an :class:`~rte.protocol.values.InputRef` in its request
 instead of the bytes. Here each reference becomes a read-only view of a slot
 *of the sender's own segment*, checked as an output slot is: published at that
 generation (a stale or malformed reference is that request's error, and
@@ -26,55 +26,18 @@ next client starts with an empty segment and never sees a frame of the last.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from rte.contract import Action
-from rte.ipc.values import InputRef
-from rte.serve import Act, Attach, Request, Reset
-from shm import Segment, ShmError, Slab, SlotRef
-from shm.segment import HEADER_SIZE
+from rte.protocol.inputs import (
+    OWNER,
+    create_slab,
+)
+from rte.protocol.values import InputRef
+from shm import ShmError, Slab, SlotRef
 from shm.slab import Sample
-
-R = TypeVar("R", bound=Request)
-OWNER = 0  # a client is the one owner of the slots of its own input segment
-
-
-def segment_bytes(slots: int, slot_bytes: int) -> int:
-    """The size of one client's input segment of ``slots`` slots of ``slot_bytes``."""
-    return HEADER_SIZE + Slab.footprint(HEADER_SIZE, slots, slot_bytes, 1)
-
-
-def create_slab(segment: Segment, slots: int, slot_bytes: int) -> Slab:
-    """Lay out a client's input slab in its new segment (the daemon, at start)."""
-    return Slab.create(
-        segment, HEADER_SIZE, slots=slots, slot_bytes=slot_bytes, max_owners=1, quota=slots
-    )
-
-
-def open_slab(segment: Segment) -> Slab:
-    """The input slab in a client's input segment, as the daemon laid it out."""
-    return Slab(segment, HEADER_SIZE)
-
-
-def conditioning_of(request: Request) -> Mapping[str, Any] | None:
-    """The conditioning a request carries (None: it carries none)."""
-    if isinstance(request, Act):
-        return request.action.conditioning
-    if isinstance(request, Attach | Reset):
-        return request.conditioning
-    return None
-
-
-def with_conditioning(request: R, conditioning: Mapping[str, Any]) -> R:
-    """``request`` carrying ``conditioning`` instead."""
-    changed: Any = request  # (dataclasses.replace cannot see which request R is)
-    if isinstance(request, Act):
-        return dataclasses.replace(changed, action=Action(dict(conditioning)))  # type: ignore[no-any-return]
-    return dataclasses.replace(changed, conditioning=conditioning)  # type: ignore[no-any-return]
 
 
 class InputRefused(ValueError):

@@ -6,7 +6,7 @@ from the counters the daemon keeps in its segments, through read-only mappings
 works on a daemon under full load, on a hung one, and on a dead one's
 leftovers. The functions return plain dicts (the ``--json`` output);
 :mod:`rte.cli.inspect` renders them. Delivery latency comes as histogram
-counts (:mod:`rte.ipc.latency`): the daemon's emitted-to-pushed, and each
+counts (:mod:`rte.protocol.latency`): the daemon's emitted-to-pushed, and each
 client's pushed-to-taken; :func:`delivery_us` turns them into percentiles.
 """
 
@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from rte.errors import DaemonRunningError
-from rte.ipc import figures, latency
-from rte.ipc.claims import ClientState
-from rte.ipc.control import (
+from rte.ipc import figures
+from rte.ipc.figures import SessionFigures
+from rte.protocol import latency
+from rte.protocol.claims import ClientState
+from rte.protocol.control import (
     KIND_CONTROL,
     KIND_FIGURES,
     KIND_INPUTS,
@@ -32,10 +34,9 @@ from rte.ipc.control import (
     Control,
     Layout,
 )
-from rte.ipc.figures import SessionFigures
-from rte.ipc.mailbox import Mailbox
-from rte.ipc.names import DaemonNames
-from rte.ipc.wire import describe
+from rte.protocol.mailbox import Mailbox
+from rte.protocol.names import DaemonNames
+from rte.protocol.wire import describe
 from shm import Segment, ShmError, Slab, SlotState, is_alive
 from shm.lock import NameLockHeld
 from shm.segment import HEADER_SIZE

@@ -6,7 +6,7 @@ anything (:func:`rte.ipc.inspect.snapshot`), so a scraper never adds work to
 the serve loop. Counters are the daemon's own; gauges are its clients' rings,
 slots and sessions; the two histograms are the daemon's step times and its
 emitted-to-pushed delivery times, with one bucket per power of two of the
-log-linear buckets it keeps (:mod:`rte.ipc.latency`), in seconds.
+log-linear buckets it keeps (:mod:`rte.protocol.latency`), in seconds.
 
 ``rte serve --metrics-port PORT`` also serves it at
 ``http://127.0.0.1:PORT/metrics`` (:func:`serve_metrics`), on loopback only,
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from rte.ipc import latency
 from rte.ipc.inspect import snapshot
+from rte.protocol import latency
 
 PREFIX = "rte_"
 BACKLOG = 256  # connections the kernel holds for us to accept

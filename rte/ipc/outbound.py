@@ -24,9 +24,9 @@ import numpy as np
 from rte.contract import Notice, NoticeKind, StepResult
 from rte.ipc.allocator import Lease, SlabAllocator
 from rte.ipc.clients import ClientTable, Connection
-from rte.ipc.control import Control, Counter
 from rte.ipc.router import Router
-from rte.ipc.wire import encode_notice, encode_step, stamp_pushed
+from rte.protocol.control import Control, Counter
+from rte.protocol.wire import encode_notice, encode_step, stamp_pushed
 from rte.receipts import Receipts
 from rte.serve import OutboxItem
 from shm import ShmError, Slab

@@ -33,8 +33,13 @@ from typing import TypeVar
 from rte.contract import Manifest
 from rte.errors import ConfigurationError, DaemonRunningError, EngineFault
 from rte.ipc import figures
-from rte.ipc import inputs as input_slab
-from rte.ipc.control import (
+from rte.ipc.core import DaemonCore, Shared
+from rte.ipc.metrics import serve_metrics
+from rte.ipc.settings import Settings
+from rte.ipc.signals import StopSignals
+from rte.models import load_model
+from rte.protocol import inputs as input_slab
+from rte.protocol.control import (
     KIND_CLAIMS,
     KIND_CONTROL,
     KIND_FIGURES,
@@ -45,13 +50,8 @@ from rte.ipc.control import (
     DaemonState,
     Layout,
 )
-from rte.ipc.core import DaemonCore, Shared
-from rte.ipc.mailbox import Mailbox
-from rte.ipc.metrics import serve_metrics
-from rte.ipc.names import DaemonNames
-from rte.ipc.settings import Settings
-from rte.ipc.signals import StopSignals
-from rte.models import load_model
+from rte.protocol.mailbox import Mailbox
+from rte.protocol.names import DaemonNames
 from rte.stages import StageModel
 from shm import Doorbell, Segment, SegmentError, ShmError, Slab
 from shm.fifo import FifoBell

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from rte.contract import Notice, NoticeKind
 from rte.credits import credit_refusal
 from rte.ipc.clients import Connection
-from rte.serve import Attach, Request
+from rte.protocol.requests import Attach, Request
 
 
 class Router:

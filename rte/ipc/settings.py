@@ -6,7 +6,7 @@ state where one client can stall another (slots over-committed), where one
 client cannot drive all its sessions at their credits (a quota that holds fewer
 chunks than they may run ahead: they would be throttled, silently), where a
 ring cannot carry a step's answer, or past what the control segment's layout
-can describe (:data:`~rte.ipc.control.MAX_SESSIONS` rows, the slab's 2**32
+can describe (:data:`~rte.protocol.control.MAX_SESSIONS` rows, the slab's 2**32
 slots). What only the model knows, the size of its chunk, is checked once it is
 loaded and before anything is created: :meth:`Settings.check_memory` refuses
 settings whose segments ``/dev/shm`` has no room for.
@@ -32,13 +32,13 @@ from typing import Any
 
 from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
-from rte.ipc.control import MAX_CLIENTS, MAX_SESSIONS, Layout
-from rte.ipc.names import DaemonNames
-from rte.ipc.wire import MAX_CREDITS, STEP_AT, STEP_ROW_BYTES
-from rte.serve import DEFAULT_CREDITS
+from rte.protocol.control import MAX_CLIENTS, MAX_SESSIONS, Layout
+from rte.protocol.names import DaemonNames
+from rte.protocol.requests import DEFAULT_CREDITS
+from rte.protocol.wire import MAX_CREDITS, STEP_AT, STEP_ROW_BYTES
 from shm import Slab, WaitPolicy
 from shm.names import SHM_DIR
-from shm.native import lib
+from shm.ring import max_record
 from shm.segment import HEADER_SIZE
 
 MIN_RING_KIB = 4
@@ -200,7 +200,7 @@ class Settings:
             return
         _at_least("ring-kib", self.ring_kib, MIN_RING_KIB)
         rows = self.step_rows
-        carried = (int(lib.shm_ring_max_payload(self.ring_capacity)) - STEP_AT) // STEP_ROW_BYTES
+        carried = (max_record(self.ring_capacity) - STEP_AT) // STEP_ROW_BYTES
         if carried < rows:
             raise ConfigurationError(
                 f"--ring-kib {self.ring_kib}: a ring that size carries a step of {carried} "
@@ -306,7 +306,7 @@ class Settings:
 def _ring_bytes(rows: int) -> int:
     """The smallest ring capacity whose largest record is a STEP of ``rows`` chunks."""
     largest, capacity = STEP_AT + rows * STEP_ROW_BYTES, 64
-    while lib.shm_ring_max_payload(capacity) < largest:
+    while max_record(capacity) < largest:
         capacity *= 2
     return capacity
 

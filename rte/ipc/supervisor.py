@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
 from rte.ipc.signals import StopSignals
+from rte.protocol.names import DaemonNames
 
 log = logging.getLogger("rte.supervisor")
 BACKOFF_S = (1.0, 30.0)  # first delay, most delay

@@ -23,8 +23,8 @@ from typing import IO
 from rte.client import AsyncClient, connect_async
 from rte.errors import EngineGone
 from rte.ipc.childlog import child_log, last_words
-from rte.ipc.names import DaemonNames
 from rte.ipc.parentdeath import dies_with_this_process
+from rte.protocol.names import DaemonNames
 
 START_TIMEOUT_S = 60.0  # a model may take a while to load
 STOP_TIMEOUT_S = 30.0

@@ -33,8 +33,8 @@ import numpy as np
 
 from rte.client import ShmClient, connect
 from rte.errors import AdmissionError
-from rte.ipc.claims import ClientState
 from rte.ipc.parentdeath import dies_with_this_process
+from rte.protocol.claims import ClientState
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0

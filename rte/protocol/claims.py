@@ -34,11 +34,10 @@ import enum
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from shm import Segment
-from shm.native import lib
 from shm.segment import HEADER_SIZE
+from shm.words import Word
 
 ENTRY = 128  # bytes per client slot (its own cache lines)
 _START = struct.Struct("<d")
@@ -92,30 +91,30 @@ class _Entries:
         self.segment = segment
         self.offset = offset
         self.max_clients = max_clients
-        self._words: dict[tuple[int, _Field], Any] = {}
+        self._words: dict[tuple[int, _Field], Word] = {}
 
-    def _at(self, index: int, field: _Field) -> Any:
+    def _at(self, index: int, field: _Field) -> Word:
         word = self._words.get((index, field))
         if word is None:
             if not 0 <= index < self.max_clients:
                 raise IndexError(f"client slot {index} (0..{self.max_clients - 1})")
             offset = self.offset + ENTRY * index + 8 * field
-            word = self._words[(index, field)] = self.segment.word(offset)
+            word = self._words[(index, field)] = self.segment.atomic(offset)
         return word
 
     def _load(self, index: int) -> tuple[int, ClientState | None]:
         """The generation and state (None: garbage, which no writer of ours stores)."""
-        word = int(lib.shm_load_acquire(self._at(index, _Field.STATE)))
+        word = self._at(index, _Field.STATE).load()
         try:
             return word >> 8, ClientState(word & 0xFF)
         except ValueError:
             return word >> 8, None
 
     def _store(self, index: int, field: _Field, value: int) -> None:
-        lib.shm_store_release(self._at(index, field), value)
+        self._at(index, field).store(value)
 
     def _relaxed(self, index: int, field: _Field) -> int:
-        return int(lib.shm_load_relaxed(self._at(index, field)))
+        return self._at(index, field).load_relaxed()
 
     def entry(self, index: int) -> ClientEntry:
         generation, state = self._load(index)  # acquire first: the fields are published
@@ -171,7 +170,7 @@ class ClaimTable(_Entries):
 
     def __init__(self, segment: Segment, max_clients: int) -> None:
         super().__init__(segment, HEADER_SIZE + ENTRY, max_clients)
-        self._claims = segment.word(HEADER_SIZE)
+        self._claims = segment.atomic(HEADER_SIZE)
 
     @staticmethod
     def size(max_clients: int) -> int:
@@ -181,10 +180,10 @@ class ClaimTable(_Entries):
     @property
     def claims(self) -> int:
         """Slots ever activated: a daemon that sees it change adopts at once."""
-        return int(lib.shm_load_acquire(self._claims))
+        return self._claims.load()
 
     def _swap(self, index: int, expected: int, desired: int) -> bool:
-        return bool(lib.shm_cas(self._at(index, _Field.STATE), expected, desired))
+        return self._at(index, _Field.STATE).cas(expected, desired)
 
     # -- a client's moves -------------------------------------------------
 
@@ -221,7 +220,7 @@ class ClaimTable(_Entries):
             index, _word(generation, ClientState.CLAIMED), _word(generation, ClientState.ACTIVE)
         )
         if done:
-            lib.shm_fetch_add(self._claims, 1)  # the daemon adopts at its next turn
+            self._claims.add(1)  # the daemon adopts at its next turn
         return done
 
     def abandon(self, index: int, generation: int) -> bool:

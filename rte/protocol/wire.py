@@ -7,7 +7,7 @@ Fixed binary headers (``struct``), never pickles:
     body     per type (below)
 
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
-conditioning (:mod:`rte.ipc.values`), RESET an optional one, DETACH nothing;
+conditioning (:mod:`rte.protocol.values`), RESET an optional one, DETACH nothing;
 BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
 daemon's default) and its ``handle`` field its priority class (0 to 3).
 Daemon to client: NOTICE carries a :class:`~rte.contract.NoticeKind` in
@@ -49,8 +49,8 @@ import numpy as np
 
 from rte.contract import Action, Notice, NoticeKind
 from rte.errors import WireError
-from rte.ipc.values import decode_value, encode_value
-from rte.serve import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.values import decode_value, encode_value
 
 
 class RecordType(enum.IntEnum):

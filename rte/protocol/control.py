@@ -2,17 +2,17 @@
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
-                    next tick time (paced), delivery histogram (rte.ipc.latency)
+                    next tick time (paced), delivery histogram (rte.protocol.latency)
     page 2          daemon block, continued: step-time histogram, both histograms' sums,
                     real time (capacity, pace, attached, reduced, cost model, ticks)
-    page 3...       the roster: one 128-byte entry per client slot (rte.ipc.claims)
+    page 3...       the roster: one 128-byte entry per client slot (rte.protocol.claims)
 
 Written by the daemon alone: every client and inspector maps it read-only, so
 no client can touch the daemon's state, counters or another client's entry.
 What a client writes lies elsewhere: its claim in the claims segment (the one
-segment every client maps writable, :mod:`rte.ipc.claims`), its rings and
-credits in its own mailbox (:mod:`rte.ipc.mailbox`), mapped by it and the
-daemon alone. The slab and the rest are their own segments (:mod:`rte.ipc.names`).
+segment every client maps writable, :mod:`rte.protocol.claims`), its rings and
+credits in its own mailbox (:mod:`rte.protocol.mailbox`), mapped by it and the
+daemon alone. The slab and the rest are their own segments (:mod:`rte.protocol.names`).
 
 Every word that two processes share is read and written through the C atomics
 (``shm.native``); the JSON manifest is written once before the state turns
@@ -36,12 +36,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rte.contract import Manifest
-from rte.ipc import latency
-from rte.ipc.claims import ENTRY, ClaimTable, Roster
-from rte.ipc.mailbox import Mailbox
+from rte.protocol import latency
+from rte.protocol.claims import ENTRY, ClaimTable, Roster
+from rte.protocol.mailbox import Mailbox
 from shm import Segment, SegmentError
-from shm.native import lib
 from shm.segment import HEADER_SIZE, PAGE, page_align
+from shm.words import Word
 
 KIND_CONTROL = 0x52544531  # "RTE1"
 KIND_SLAB = 0x52544532  # "RTE2"
@@ -135,7 +135,7 @@ class Layout:
 
     @property
     def mailbox_size(self) -> int:
-        """One client slot's mailbox (:mod:`rte.ipc.mailbox`)."""
+        """One client slot's mailbox (:mod:`rte.protocol.mailbox`)."""
         return page_align(Mailbox.size(self.ring_capacity, self.max_sessions))
 
     @property
@@ -170,7 +170,7 @@ class Control:
         self.segment = segment
         self.claims_segment = claims
         self.mailboxes = mailboxes or []
-        self._words: dict[int, Any] = {}
+        self._words: dict[int, Word] = {}
         self._layout: Layout | None = None
         self._table: Roster | None = None
         self._claim_table: ClaimTable | None = None
@@ -184,7 +184,7 @@ class Control:
             if state is DaemonState.STARTING:
                 raise SegmentError(f"{self.segment.name}: the daemon is still starting")
             max_clients, capacity, max_sessions = (
-                int(lib.shm_load_acquire(self._word(_SETTINGS + 8 * i))) for i in range(3)
+                self._word(_SETTINGS + 8 * i).load() for i in range(3)
             )
             if not (
                 1 <= max_clients <= MAX_CLIENTS
@@ -203,7 +203,7 @@ class Control:
 
     @property
     def table(self) -> Roster:
-        """The daemon's roster of client slots (see :mod:`rte.ipc.claims`)."""
+        """The daemon's roster of client slots (see :mod:`rte.protocol.claims`)."""
         if self._table is None:
             layout = self.layout
             self._table = Roster(self.segment, layout.table, layout.max_clients)
@@ -211,7 +211,7 @@ class Control:
 
     @property
     def claim_table(self) -> ClaimTable:
-        """The claims (see :mod:`rte.ipc.claims`); SegmentError where not mapped."""
+        """The claims (see :mod:`rte.protocol.claims`); SegmentError where not mapped."""
         if self._claim_table is None:
             if self.claims_segment is None:
                 raise SegmentError(f"{self.segment.name}: the claims are not mapped here")
@@ -242,34 +242,34 @@ class Control:
         control._layout = layout
         return control
 
-    def _word(self, offset: int) -> Any:
+    def _word(self, offset: int) -> Word:
         word = self._words.get(offset)
         if word is None:  # pointers are made once: beats and counts are per turn
-            word = self._words[offset] = self.segment.word(HEADER_SIZE + offset)
+            word = self._words[offset] = self.segment.atomic(HEADER_SIZE + offset)
         return word
 
     # -- daemon block -----------------------------------------------------
 
     @property
     def state(self) -> DaemonState:
-        return DaemonState(int(lib.shm_load_acquire(self._word(_STATE))))
+        return DaemonState(self._word(_STATE).load())
 
     def set_state(self, state: DaemonState) -> None:
         # release: the manifest and settings are visible before READY; pairs
         # with the acquire in ``state``
-        lib.shm_store_release(self._word(_STATE), int(state))
+        self._word(_STATE).store(int(state))
 
     def beat(self) -> None:
-        lib.shm_store_release(self._word(_HEARTBEAT), self.heartbeat + 1)
-        lib.shm_store_release(self._word(_HEARTBEAT_NS), time.time_ns())
+        self._word(_HEARTBEAT).store(self.heartbeat + 1)
+        self._word(_HEARTBEAT_NS).store(time.time_ns())
 
     @property
     def heartbeat(self) -> int:
-        return int(lib.shm_load_acquire(self._word(_HEARTBEAT)))
+        return self._word(_HEARTBEAT).load()
 
     @property
     def heartbeat_age_s(self) -> float:
-        return (time.time_ns() - int(lib.shm_load_acquire(self._word(_HEARTBEAT_NS)))) / 1e9
+        return (time.time_ns() - self._word(_HEARTBEAT_NS).load()) / 1e9
 
     @property
     def claims(self) -> int:
@@ -294,21 +294,21 @@ class Control:
     @property
     def next_tick_ns(self) -> int:
         """When a paced daemon's next step begins (time.monotonic_ns); 0 when not paced."""
-        return int(lib.shm_load_acquire(self._word(_NEXT_TICK)))
+        return self._word(_NEXT_TICK).load()
 
     def set_next_tick(self, ns: int) -> None:
-        lib.shm_store_release(self._word(_NEXT_TICK), ns)
+        self._word(_NEXT_TICK).store(ns)
 
     def publish_realtime(self, values: dict[RealTimeWord, int]) -> None:
         """Write real-time words (the serve thread; release stores, each word whole)."""
         for word, value in values.items():
-            lib.shm_store_release(self._word(_REALTIME + 8 * word), max(0, int(value)))
+            self._word(_REALTIME + 8 * word).store(max(0, int(value)))
 
     def realtime(self) -> dict[str, Any]:
         """The real-time words as figures: ``capacity`` (None: not known or unpaced),
         ``pace_hz``, ``attached``, ``reduced``, ``cost_a_s``, ``cost_b_s``,
         ``ticks_late``, ``ticks_missed``, ``admission``, ``margin``."""
-        raw = {w: int(lib.shm_load_acquire(self._word(_REALTIME + 8 * w))) for w in RealTimeWord}
+        raw = {w: self._word(_REALTIME + 8 * w).load() for w in RealTimeWord}
         return {
             "capacity": raw[RealTimeWord.CAPACITY] - 1 if raw[RealTimeWord.CAPACITY] else None,
             "pace_hz": raw[RealTimeWord.PACE_MHZ] / 1000,
@@ -323,17 +323,14 @@ class Control:
         }
 
     def count(self, counter: Counter, n: int = 1) -> None:
-        lib.shm_fetch_add(self._word(_COUNTERS + 8 * counter), n)
+        self._word(_COUNTERS + 8 * counter).add(n)
         if counter is Counter.ERRORS:
             now = time.time_ns()
-            lib.shm_store_release(self._word(_COUNTERS + 8 * Counter.LAST_ERROR_NS), now)
-            lib.shm_cas(self._word(_COUNTERS + 8 * Counter.FIRST_ERROR_NS), 0, now)
+            self._word(_COUNTERS + 8 * Counter.LAST_ERROR_NS).store(now)
+            self._word(_COUNTERS + 8 * Counter.FIRST_ERROR_NS).cas(0, now)
 
     def counters(self) -> dict[str, int]:
-        return {
-            c.name.lower(): int(lib.shm_load_acquire(self._word(_COUNTERS + 8 * c)))
-            for c in Counter
-        }
+        return {c.name.lower(): self._word(_COUNTERS + 8 * c).load() for c in Counter}
 
     def set_reason(self, text: str) -> None:
         """Say why the daemon is stopping (before STOPPING is stored; clients read it

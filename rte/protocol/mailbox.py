@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from rte.ipc import latency
+from rte.protocol import latency
 from shm import Ring, Segment
-from shm.native import lib
 from shm.segment import HEADER_SIZE, page_align
 
 _LAST_POP, _LEAVING = 0, 8  # the client's words (bytes from page 1)
@@ -45,13 +44,13 @@ class ClientBlock:
       sessions have no credit; the client that releases a chunk clears it
       and rings the daemon's doorbell (so it rings only when the daemon waits
       for it, once);
-    - ``histogram``: pushed-to-taken delivery times (:mod:`rte.ipc.latency`).
+    - ``histogram``: pushed-to-taken delivery times (:mod:`rte.protocol.latency`).
     """
 
     def __init__(self, segment: Segment, offset: int, max_sessions: int) -> None:
         raw = segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions))
         words = raw.cast("Q")  # the client's per-chunk view: plain words, no NumPy call
-        self.starved = segment.word(offset + 8 * _STARVED)
+        self.starved = segment.atomic(offset + 8 * _STARVED)
         self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
         self.tally = words[_CONSUMED:]  # the client adds to these
         self.consumed = np.frombuffer(raw, dtype=np.uint64)[_CONSUMED:]  # the daemon reads
@@ -62,15 +61,15 @@ class ClientBlock:
 
     def starve(self) -> None:
         """The daemon waits for this client (full barrier: then it re-checks credit)."""
-        lib.shm_cas(self.starved, 0, 1)
+        self.starved.cas(0, 1)
 
     def feed(self) -> bool:
         """Clear ``starved`` (full barrier after the consumed counts); True when it was set."""
-        return bool(lib.shm_cas(self.starved, 1, 0))
+        return self.starved.cas(1, 0)
 
     def reset(self) -> None:
         """For a new client in this slot (the daemon's, before it is adopted)."""
-        lib.shm_store_release(self.starved, 0)
+        self.starved.store(0)
 
 
 def _offsets(max_sessions: int) -> tuple[int, int]:
@@ -92,8 +91,8 @@ class Mailbox:
         at, _ = _offsets(max_sessions)
         self.block = ClientBlock(segment, at, max_sessions)
         self._credits = segment.bytes_at(at, ClientBlock.size(max_sessions))
-        self._last_pop = segment.word(HEADER_SIZE + _LAST_POP)
-        self._leaving = segment.word(HEADER_SIZE + _LEAVING)
+        self._last_pop = segment.atomic(HEADER_SIZE + _LAST_POP)
+        self._leaving = segment.atomic(HEADER_SIZE + _LEAVING)
 
     @staticmethod
     def size(ring_capacity: int, max_sessions: int) -> int:
@@ -153,20 +152,20 @@ class Mailbox:
 
     def note_pop(self, now_ns: int) -> None:
         """The client read its outbox at ``now_ns`` (time.monotonic_ns; the idle limit)."""
-        lib.shm_store_release(self._last_pop, now_ns)
+        self._last_pop.store(now_ns)
 
     @property
     def last_pop_ns(self) -> int:
-        return int(lib.shm_load_acquire(self._last_pop))
+        return self._last_pop.load()
 
     def leave(self) -> None:
         """The client leaves without a BYE (its inbox is full, or it was revoked):
         the daemon reaps it at its next scan."""
-        lib.shm_store_release(self._leaving, 1)
+        self._leaving.store(1)
 
     @property
     def leaving(self) -> bool:
-        return bool(lib.shm_load_acquire(self._leaving))
+        return bool(self._leaving.load())
 
     def clear(self, now_ns: int) -> None:
         """Lay the mailbox out anew for the slot's next client (rings wiped, words
@@ -176,5 +175,5 @@ class Mailbox:
         self.inbox.wipe()
         self.outbox.wipe()
         self._credits[:] = bytes(len(self._credits))
-        lib.shm_store_release(self._leaving, 0)
+        self._leaving.store(0)
         self.note_pop(now_ns)

@@ -54,13 +54,13 @@ class DaemonNames:
 
     @property
     def claims(self) -> str:
-        """Where clients claim their slots (:mod:`rte.ipc.claims`): the one segment
+        """Where clients claim their slots (:mod:`rte.protocol.claims`): the one segment
         every client maps writable."""
         return shm_name(self.daemon, "claims")
 
     def mailbox(self, index: int) -> str:
         """The mailbox of client slot ``index``: its rings and credit block, mapped
-        by that client and the daemon alone (:mod:`rte.ipc.mailbox`)."""
+        by that client and the daemon alone (:mod:`rte.protocol.mailbox`)."""
         return shm_name(self.daemon, f"m{index}")
 
     def client_inputs(self, index: int) -> str:

@@ -1,0 +1,84 @@
+"""The requests a client sends a serving loop, in process or over the wire.
+
+They are plain frozen values: :mod:`rte.protocol.wire` encodes them for the
+daemon's rings, :class:`rte.client.InProcessClient` puts them on a queue, and
+:class:`rte.serve.ServeLoop` applies them. Each carries its sender's ``seq``,
+which the notice that answers it carries back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rte.contract import Action
+from rte.overload import DEFAULT_PRIORITY
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Admit a session. Answered by ATTACHED, REJECTED (capacity) or ERROR.
+
+    ``credits``: how many chunks the session may run ahead of its consumer
+    (emitted and not yet released); 0 takes the host's default. The loop
+    itself does not count them: its host picks the due sessions.
+    ``priority``: its class under overload, 0 (highest) to 3 (see :mod:`rte.overload`).
+    """
+
+    session: str
+    conditioning: Mapping[str, Any] = field(default_factory=dict)
+    seq: int = 0
+    credits: int = 0
+    priority: int = DEFAULT_PRIORITY
+
+
+@dataclass(frozen=True)
+class Act:
+    """Set conditioning keys for the session's next step. Answered only when
+    refused (ERROR)."""
+
+    session: str
+    action: Action
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Detach:
+    """Detach a session. With ``finalize`` its in-flight chunk is emitted first;
+    without, it is dropped (the host knows it cannot be delivered). Answered by
+    DETACHED or ERROR."""
+
+    session: str
+    finalize: bool = True
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Reset:
+    """Detach then attach again: the session restarts from chunk 0.
+
+    ``conditioning`` replaces the session's conditioning; None keeps the last.
+    It is checked before anything changes: a refused reset leaves the session
+    as it was. Answered by DETACHED then ATTACHED, or by ERROR.
+    """
+
+    session: str
+    conditioning: Mapping[str, Any] | None = None
+    seq: int = 0
+    finalize: bool = True  # the old run's in-flight chunk is emitted first
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finalize every session (their in-flight chunks are emitted), detach, return."""
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Does nothing but end the loop's wait on its inbox: a host whose consumer
+    freed room (so sessions are due again) sends it."""
+
+
+Request = Attach | Act | Detach | Reset
+DEFAULT_CREDITS = 2  # chunks a session may run ahead of its consumer: one held, one ready
