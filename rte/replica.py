@@ -1,9 +1,11 @@
 """ReplicaEngine: one engine made of child engines, sessions routed over them.
 
 For models that cannot batch (B=1) or that want several small cohorts. A
-session is routed to a child with room (a child already serving sessions first,
-then an idle pooled child, then a new one from the factory, up to
-``max_children``). A child left without sessions returns to the pool for reuse.
+session is placed by :mod:`rte.placement` with ``pack=True``: on a child with
+room, the fullest first (the children step one after another in one thread, so
+joining a busy child's batch is cheaper than waking an idle one), then an idle
+pooled child, then a new one from the factory, up to ``max_children``. It stays
+there (sticky). A child left without sessions returns to the pool for reuse.
 
 :meth:`ReplicaEngine.of_model` makes the children ComposedEngines of a
 StageModel factory, all writing through one output allocator: that is how a
@@ -26,6 +28,7 @@ from typing import Any
 from rte.composed import ComposedEngine
 from rte.contract import Action, Engine, Manifest, ResultKind, StepResult, Timing
 from rte.errors import AdmissionError, UnknownSessionError
+from rte.placement import Placement
 from rte.stages import OutputAllocator, StageModel
 
 
@@ -47,7 +50,7 @@ class ReplicaEngine:
         first = _Child(factory())
         self._children: list[_Child] = [first]
         self._pool: list[_Child] = [first]
-        self._route: dict[str, _Child] = {}
+        self._route: Placement[_Child] = Placement(pack=True)
         child = first.engine.manifest()
         self._child_capacity = child.max_sessions
         self._manifest = Manifest(
@@ -94,9 +97,9 @@ class ReplicaEngine:
     def attach(self, session: str, conditioning: Mapping[str, Any] | None = None) -> None:
         if session in self._route:
             return
-        busy = [c for c in self._children if c.sessions and not c.broken and c not in self._pool]
-        candidates = [c for c in busy if len(c.sessions) < self._child_capacity]
-        for child in [*candidates, *self._pool]:
+        busy = [c for c in self._children if c.sessions and c not in self._pool]
+        rooms = {c: self._child_capacity - len(c.sessions) for c in [*busy, *self._pool]}
+        for child in self._route.choices(session, rooms, live=lambda c: not c.broken):
             try:
                 child.engine.attach(session, conditioning)
             except AdmissionError:
@@ -142,7 +145,7 @@ class ReplicaEngine:
             child.broken = True
             raise
         child.sessions.discard(session)
-        del self._route[session]
+        self._route.release(session)
         if not child.sessions and not child.broken:
             self._pool.append(child)
 
@@ -171,7 +174,7 @@ class ReplicaEngine:
         if child in self._pool:
             self._pool.remove(child)
         child.sessions.add(session)
-        self._route[session] = child
+        self._route.settle(session, child)
 
     def _owner(self, session: str) -> _Child:
         child = self._route.get(session)

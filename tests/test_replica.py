@@ -43,6 +43,20 @@ def test_batched_children_fill_before_new_ones_are_made() -> None:
     assert engine.child_of("c") is not engine.child_of("a")
 
 
+def test_a_session_joins_a_busy_child_with_room_before_an_idle_one() -> None:
+    engine, models = _replica(2, rows=2)
+    for s in "abc":
+        engine.attach(s)
+    busy, idle = engine.child_of("a"), engine.child_of("c")
+    engine.detach("c")
+    engine.detach("b")
+    assert engine.pooled() == [idle]
+    engine.attach("d")  # one batched step for a and d, not a second child stepping
+    assert engine.child_of("d") is busy
+    assert engine.pooled() == [idle]
+    assert len(models) == 2
+
+
 def test_idle_children_return_to_the_pool_and_are_reused() -> None:
     engine, models = _replica(2)
     engine.attach("a")
