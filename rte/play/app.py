@@ -3,7 +3,7 @@
     from aiohttp import web
     from rte.client import connect_async
     from rte.play.app import make_app
-    from rte.play.gateway import Gateway
+    from rte.play.gateway import Gateway, Tab
 
     async def app() -> web.Application:
         client = await connect_async("mydaemon")
@@ -16,7 +16,13 @@ Its routes: ``GET /`` the page, ``GET /config`` the transport it offers and
 the ICE servers for the page, ``POST /offer`` a tab over WebRTC
 (:mod:`rte.play.webrtc`; absent with ``webrtc=None``), ``GET /ws`` a tab over
 a WebSocket (:mod:`rte.play.websocket`), ``GET /stats`` each tab's counts
-(frames sent and dropped, its recording's). The page uses relative URLs, so
+(frames sent and dropped, its recording's), ``POST /recordings/SESSION``
+starts recording a tab's session into the gateway's ``record`` directory
+(201: the MP4's and sidecar's paths) and ``DELETE /recordings/SESSION`` stops
+it (200 once the file is finished: its frames, drops, path; see
+:mod:`rte.play.record`). Each refusal is JSON ``{"error": why}``: 404 for a
+session with no tab here, 409 for a start while recording, a stop while not,
+or a gateway given no directory. The page uses relative URLs, so
 the app may be mounted under a prefix (``add_subapp``). With ``read=True`` the
 app runs the gateway's reader from its startup and closes the gateway (and
 the client) at its cleanup; ``rte play`` does both itself.
@@ -33,13 +39,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from rte.play.gateway import Gateway
+from rte.play.gateway import Gateway, Tab
 from rte.play.websocket import socket_handler
 
 if TYPE_CHECKING:
     from rte.play.webrtc import WebRtcSettings
 
 GATEWAY = web.AppKey("gateway", Gateway)
+FINISH_S = 10.0  # a stop waits this long for the writer to finish the file
 
 
 def page() -> bytes:
@@ -74,6 +81,8 @@ def make_app(
     app.router.add_get("/", index)
     app.router.add_get("/ws", socket_handler(gateway))
     app.router.add_get("/stats", stats)
+    app.router.add_post("/recordings/{session}", _start_recording)
+    app.router.add_delete("/recordings/{session}", _stop_recording)
     config: dict[str, Any] = {"transport": "websocket"}
     if webrtc is not None and webrtc is not False:
         from rte.play import webrtc as rtc  # noqa: PLC0415 (aiortc: only for WebRTC)
@@ -89,6 +98,57 @@ def make_app(
     if read:
         app.cleanup_ctx.append(_reading)
     return app
+
+
+def _refused(status: int, why: str) -> web.Response:
+    return web.json_response({"error": why}, status=status)
+
+
+def _recorded_tab(request: web.Request) -> tuple[Gateway, Tab | web.Response]:
+    """The tab of the request's session, or the 404 that says there is none."""
+    gateway, session = request.app[GATEWAY], request.match_info["session"]
+    tab = gateway.tabs.get(session)
+    if tab is None:
+        return gateway, _refused(
+            404,
+            f"no tab of session {session!r} here (closed, or never opened): GET stats lists them",
+        )
+    return gateway, tab
+
+
+async def _start_recording(request: web.Request) -> web.Response:
+    gateway, tab = _recorded_tab(request)
+    if not isinstance(tab, Tab):
+        return tab
+    if gateway.record is None:
+        return _refused(
+            409, "this gateway records nowhere: start it with a directory (--record DIR)"
+        )
+    if tab.recorder is not None:
+        return _refused(
+            409,
+            f"session {tab.session!r} is already recording to {tab.recorder.path}: "
+            f"DELETE recordings/{tab.session} stops it",
+        )
+    path = gateway.start_recording(tab)
+    sidecar = str(path.with_suffix(".jsonl"))
+    return web.json_response(
+        {"session": tab.session, "path": str(path), "sidecar": sidecar}, status=201
+    )
+
+
+async def _stop_recording(request: web.Request) -> web.Response:
+    gateway, tab = _recorded_tab(request)
+    if not isinstance(tab, Tab):
+        return tab
+    recorder = gateway.stop_recording(tab)
+    if recorder is None:
+        return _refused(
+            409,
+            f"session {tab.session!r} is not recording: POST recordings/{tab.session} starts it",
+        )
+    await asyncio.to_thread(recorder.wait, FINISH_S)
+    return web.json_response({"session": tab.session, **vars(recorder.statistics())})
 
 
 async def _reading(app: web.Application) -> AsyncIterator[None]:

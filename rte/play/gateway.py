@@ -95,6 +95,7 @@ class Tab:
     sent: int = 0
     dropped: int = 0
     recorder: Recorder | None = None
+    recordings: int = 0  # recordings of this session begun so far
 
     def offer(
         self, frame: bytes, chunk: int, shape: tuple[int, int], made_ns: int, applied: int
@@ -152,11 +153,13 @@ class Gateway:
         prompt: str,
         max_fps: float,
         record: Path | None = None,
+        record_from_start: bool = True,
     ) -> None:
         self.client = client
         self.prompt = prompt
         self.period_s = 1.0 / max_fps
-        self.record = record  # every new tab's session is recorded here
+        self.record = record  # where recordings go (None: nowhere; the API refuses)
+        self.record_from_start = record_from_start  # every new tab's, from its start
         self.record_fps = 30.0  # the MP4's nominal rate (its frames carry their own times)
         self.tabs: dict[str, Tab] = {}
         self.gone: str | None = None  # the EngineGone text, once the daemon died
@@ -244,7 +247,7 @@ class Gateway:
         except RteError as exc:  # AdmissionError: the arena is full; EngineGone
             return f"no session: {exc}"
         self.tabs[tab.session] = tab
-        if self.record is not None:
+        if self.record is not None and self.record_from_start:
             self.start_recording(tab, self.record)
         return None
 
@@ -330,22 +333,30 @@ class Gateway:
 
     # -- recording -----------------------------------------------------------------
 
-    def start_recording(self, tab: Tab | str, directory: Path) -> Path:
-        """Record a tab's session (a tab, or its session's name) to ``directory``;
-        the MP4's path (see :mod:`rte.play.record`). A recording running goes on."""
+    def start_recording(self, tab: Tab | str, directory: Path | None = None) -> Path:
+        """Record a tab's session (a tab, or its session's name) to ``directory``
+        (default: the gateway's ``record``); the MP4's path (see :mod:`rte.play.record`):
+        ``SESSION.mp4``, then ``SESSION-2.mp4``... A recording running goes on."""
         from rte.play.record import Recorder  # noqa: PLC0415 (PyAV: only to record)
 
         tab = self._tab(tab)
+        directory = directory or self.record
+        if directory is None:
+            raise RequestError(f"no directory to record {tab.session!r} to: give one")
         if tab.recorder is None:
-            tab.recorder = Recorder(directory, tab.session, fps=self.record_fps)
+            tab.recordings += 1
+            name = tab.session if tab.recordings == 1 else f"{tab.session}-{tab.recordings}"
+            tab.recorder = Recorder(directory, name, fps=self.record_fps)
         return tab.recorder.path
 
-    def stop_recording(self, tab: Tab | str) -> None:
-        """Finish a tab's recording, if any (its writer ends on a thread of its own)."""
+    def stop_recording(self, tab: Tab | str) -> Recorder | None:
+        """Finish a tab's recording, if any (its writer ends on a thread of its own:
+        :meth:`~rte.play.record.Recorder.wait` for it); that recorder, or None."""
         tab = self._tab(tab)
         recorder, tab.recorder = tab.recorder, None
         if recorder is not None:
             recorder.close()
+        return recorder
 
     def _tab(self, tab: Tab | str) -> Tab:
         if isinstance(tab, Tab):

@@ -1,9 +1,11 @@
 """Recording a session: an MP4 of its frames and a JSON-lines sidecar.
 
-``rte play --record DIR`` (or :meth:`rte.play.gateway.Gateway.start_recording`)
-gives a tab's session a :class:`Recorder`: ``DIR/SESSION.mp4`` (H.264 through
-PyAV, each frame upscaled as the video is, timed by when the daemon began
-generating it) and ``DIR/SESSION.jsonl``, one JSON object a line:
+``rte play --record DIR`` (every tab from its start), ``POST /recordings/SESSION``
+(:mod:`rte.play.app`) or :meth:`rte.play.gateway.Gateway.start_recording` gives
+a tab's session a :class:`Recorder`: ``DIR/SESSION.mp4`` (H.264 through PyAV,
+each frame upscaled as the video is, timed by when the daemon began
+generating it; a later recording of the same session is ``SESSION-2.mp4`` and
+so on) and ``DIR/SESSION.jsonl``, one JSON object a line:
 
 * ``{"frame": n, "chunk": c, "seq": s, "ms": t}``: the n-th frame of the MP4
   is chunk ``c`` of the session, reflecting the page's action ``s``, at ``t``
@@ -53,13 +55,13 @@ class RecordingStatistics:
 class Recorder:
     """One session's recording, written on a thread of its own."""
 
-    def __init__(self, directory: Path, session: str, *, fps: float = 30.0) -> None:
+    def __init__(self, directory: Path, name: str, *, fps: float = 30.0) -> None:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigurationError(f"--record {directory}: cannot make it: {exc}") from None
-        self.path = directory / f"{session}.mp4"
-        self.sidecar = directory / f"{session}.jsonl"
+        self.path = directory / f"{name}.mp4"
+        self.sidecar = directory / f"{name}.jsonl"
         self.fps = fps
         self.frames = 0
         self.dropped = 0
@@ -67,7 +69,7 @@ class Recorder:
         self._closed = False
         self.error: str | None = None  # why the writer stopped early
         self._done = threading.Event()
-        self._writer = threading.Thread(target=self._write, name=f"record-{session}", daemon=True)
+        self._writer = threading.Thread(target=self._write, name=f"record-{name}", daemon=True)
         self._writer.start()
 
     # -- the gateway's side: never waits ----------------------------------------------

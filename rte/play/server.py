@@ -3,7 +3,8 @@
 :func:`run` binds the port first (a taken one is one line before anything
 starts), launches a daemon or connects to ``name``, serves the gateway's app
 (:mod:`rte.play.app`: the page, ``POST /offer`` for WebRTC unless
-``transport`` is ``websocket``, ``GET /ws``), prints one ready line with the URL, and runs until
+``transport`` is ``websocket``, ``GET /ws``, ``/recordings/SESSION``), prints
+one ready line with the URL, and runs until
 SIGTERM, SIGINT or SIGHUP, or until the daemon dies. Then it tells the tabs,
 closes their sockets, closes the client (which detaches every session) and
 stops a daemon it launched.
@@ -53,7 +54,8 @@ class PlaySettings:
     ice_servers: tuple[str, ...] = ()  # STUN/TURN, for peers beyond this machine
     ice_hosts: tuple[str, ...] = (HOST,)  # where WebRTC gathers host candidates
     scale: int = 0  # the video's integer upscale (0: to about 256 px)
-    record: Path | None = None  # every session recorded here
+    record: Path | None = None  # where recordings go: every session's, or on request
+    record_from_start: bool = True  # False: only what POST /recordings/SESSION asks for
 
 
 def bind(port: int) -> socket.socket:
@@ -138,7 +140,11 @@ async def _serve(
     settings: PlaySettings, client: AsyncClient, sock: socket.socket, stop: asyncio.Event
 ) -> None:
     gateway = Gateway(
-        client, prompt=settings.prompt, max_fps=settings.max_fps, record=settings.record
+        client,
+        prompt=settings.prompt,
+        max_fps=settings.max_fps,
+        record=settings.record,
+        record_from_start=settings.record_from_start,
     )
     port = int(sock.getsockname()[1])
     webrtc = None
