@@ -1,7 +1,7 @@
 """A model whose device breaks at a chosen chunk (a sticky CUDA error, simulated).
 
 ``RTE_LANES=sim rte serve --model faulty_model:faulty`` (with tests/ on
-PYTHONPATH): HOT raises :class:`~rte.simcuda.DeviceFault` when any row makes
+PYTHONPATH): HOT raises :class:`~rte.lanes.sim.DeviceFault` when any row makes
 chunk ``FAULT_AT``, which breaks the simulated device for good.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rte.lanes.sim import DeviceFault
 from rte.models import ReferenceModel
-from rte.simcuda import DeviceFault
 from rte.stages import Batch
 
 FAULT_AT = 6

@@ -1,6 +1,6 @@
 """The CUDA lanes, proven without a GPU: the engine on the simulated device.
 
-:mod:`rte.simcuda` runs the lanes' streams and events on the CPU and raises a
+:mod:`rte.lanes.sim` runs the lanes' streams and events on the CPU and raises a
 hazard for every touch that no event orders (vector clocks, checked at each
 launch and each read of a batch's carry), so each test here fails on the
 ordering mistake it names, every time. The whole engine, serve and daemon
@@ -22,8 +22,8 @@ from faulty_model import FAULT_AT
 from probe_model import InjectedFailure, ProbeModel
 from rte import Action, ComposedEngine, EngineFault, EngineGone, HeapAllocator, ResultKind
 from rte.lanes import CudaLanes, Lane, make_lanes
+from rte.lanes.sim import DeviceFault, HazardError, SimCuda, SimCudaError
 from rte.models import ReferenceModel
-from rte.simcuda import DeviceFault, HazardError, SimCuda, SimCudaError
 from rte.stages import Batch
 
 

@@ -17,9 +17,9 @@ from rte.lanes import Lane
 
 torch = pytest.importorskip("torch", reason="needs the torch extra: pip install -e '.[torch]'")
 
+from rte.lanes.torch import PinnedHeap, lane_priorities, wait_for  # noqa: E402
 from rte.models.graphs import GraphSet  # noqa: E402
 from rte.models.world import TorchWorldModel  # noqa: E402
-from rte.torchcuda import PinnedHeap, lane_priorities, wait_for  # noqa: E402
 
 # -- 1. a failed capture restores the current stream --------------------------------
 

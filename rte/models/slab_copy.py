@@ -2,7 +2,7 @@
 
 The one write of a torch model's DEFERRED stage. On CUDA every copy is
 asynchronous, on the DEFERRED stream, into page-locked memory (the pinned slab,
-or :class:`rte.torchcuda.PinnedHeap`); the engine publishes after its event.
+or :class:`rte.lanes.torch.PinnedHeap`); the engine publishes after its event.
 How many copies a step costs follows the batch's output layout:
 
 * ``batch.out_block``, one run of slots (one client's sessions, or a heap

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rte.lanes import Lane
+from rte.lanes.base import Lane
 
 HAZARDS: list[str] = []  # every hazard found in this process, for a test to check
 
@@ -82,7 +82,7 @@ class _Touch:
 
 
 class SimCuda:
-    """The backend :class:`~rte.lanes.CudaLanes` drives, simulated on the CPU."""
+    """The backend :class:`~rte.lanes.cuda.CudaLanes` drives, simulated on the CPU."""
 
     name = "sim"
 

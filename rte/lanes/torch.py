@@ -1,4 +1,4 @@
-"""torch's CUDA streams and events, as the backend of :class:`~rte.lanes.CudaLanes`.
+"""torch's CUDA streams and events, as the backend of :class:`~rte.lanes.cuda.CudaLanes`.
 
 Everything names its device: streams are made on it, every thread that
 launches work makes it its current device first (CUDA's current device is per
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rte.lanes import Lane
+from rte.lanes.base import Lane
 
 SPIN_S = 20e-6  # a host wait queries this long, then blocks on the event
 POOL_PRIORITY = {Lane.HOT: -(1 << 10), Lane.DEFERRED: -1, Lane.ENCODE: 0}  # torch clamps
