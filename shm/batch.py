@@ -8,9 +8,15 @@ device-to-host copy. :meth:`BatchLoan.publish` makes them readable in one call.
 The reader rebuilds the batch from the slot numbers and generations the writer
 sent (:func:`receive_batch`: one call checks every slot is published at that
 generation) and gives it back with :meth:`BatchSample.release`, one call, or
-some rows with :meth:`BatchSample.release_rows`. Both sides decide "one run"
-with :func:`shm.slots.one_run`, which looks at every slot (a merged step's
-``[10, 12, 11, 13]`` is not one, though its endpoints say so). The views hold
+some rows with :meth:`BatchSample.release_rows`.
+
+"One run" is :func:`shm.slots.one_run`, which looks at every slot (a merged
+step's ``[10, 12, 11, 13]`` is not one, though its endpoints say so), and it is
+asked once per batch, when the batch is made (:func:`_rows`): a loan's
+:attr:`BatchLoan.contiguous` is its answer for the writer and whatever the
+writer tells its reader. The reader asks again of the slots it was sent, with
+the same function: how it views the slab's memory never rests on a flag in a
+record. The views hold
 the segment's mapping (:meth:`shm.segment.Segment.rows`): a batch held past
 the segment's ``close`` stays readable.
 
@@ -18,7 +24,7 @@ Slot numbers and generations travel as two columns of ``uint64`` words (a
 ``memoryview``, or a NumPy array): the C reads them in place
 (``ffi.from_buffer``), so a batch costs no Python object per slot on either
 side, and the hot paths make no NumPy call but the one view of the slots
-(:func:`typed`; a paced step runs cold, where each NumPy call costs tens of
+(:meth:`~shm.slab_core.SlabCore.typed`; a paced step runs cold, where each NumPy call costs tens of
 microseconds). The per-slot forms are :class:`shm.loans.Loan` and
 :class:`shm.loans.Sample`.
 """
@@ -26,17 +32,14 @@ microseconds). The per-slot forms are :class:`shm.loans.Loan` and
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from shm.errors import StaleSlot, check_rc
 from shm.native import ffi, lib
+from shm.slab_core import SlabCore
 from shm.slots import one_run
-
-if TYPE_CHECKING:
-    from shm.slab import Slab
-
 
 Words = np.ndarray[Any, Any] | memoryview  # uint64 slot numbers or generations
 
@@ -47,51 +50,22 @@ def _u64(array: Words) -> Any:
     return ffi.from_buffer("uint64_t[]", array)
 
 
-def block_view(
-    slab: Slab, first: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
-) -> np.ndarray[Any, Any]:
-    """Slots ``first .. first+n-1`` as one ``(n, *shape)`` array, strided by the slot
-    size: one slice of the slab's :func:`typed` view."""
-    block: np.ndarray[Any, Any] = typed(slab, dtype, shape, readonly)[first : first + n]
-    return block
-
-
-def typed(
-    slab: Slab, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
-) -> np.ndarray[Any, Any]:
-    """Every slot as one ``(slots, *shape)`` array, strided by the slot size; made
-    once per dtype, shape and access (a batch is then one slice of it)."""
-    key = (dtype, shape, readonly)
-    view: np.ndarray[Any, Any] | None = slab._typed.get(key)
-    if view is None:
-        view = slab._typed[key] = _typed_view(slab, dtype, shape, readonly)
-    return view
-
-
-def _typed_view(
-    slab: Slab, dtype: np.dtype[Any], shape: tuple[int, ...], readonly: bool
-) -> np.ndarray[Any, Any]:
-    # Segment.rows: the view holds the mapping, so a batch a caller still holds
-    # stays readable after the segment is closed (never unmapped under it)
-    return slab.segment.rows(
-        slab.data_offset, slab.slots, slab.slot_size, dtype, shape, readonly=readonly
-    )
-
-
 def _rows(
-    slab: Slab,
+    slab: SlabCore,
     slots: Words,
     dtype: np.dtype[Any],
     shape: tuple[int, ...],
     readonly: bool,
     split: bool = True,
 ) -> tuple[bool, np.ndarray[Any, Any] | None, list[np.ndarray[Any, Any]]]:
-    """(contiguous, the block or None, one array per row) for ``slots``; with
-    ``split`` False, a block's rows are left to be made on demand ([])."""
+    """(one run, the block or None, one array per row) for ``slots``: the one
+    place a batch asks :func:`one_run`; with ``split`` False, a block's rows are
+    left to be made on demand ([])."""
+    every = slab.typed(dtype, shape, readonly)
     if one_run(slots):  # every slot looked at, not the endpoints alone
-        block = block_view(slab, int(slots[0]), len(slots), dtype, shape, readonly)
+        first = int(slots[0])
+        block: np.ndarray[Any, Any] = every[first : first + len(slots)]
         return True, block, list(block) if split else []
-    every = typed(slab, dtype, shape, readonly)
     views = [every[s] for s in slots.tolist()]
     return False, None, views
 
@@ -99,11 +73,12 @@ def _rows(
 class _Slots:
     """What a writer's and a reader's batch share: whose slots, which, and their bytes."""
 
-    __slots__ = ("_slab", "block", "contiguous", "generations", "owner", "slots")
+    __slots__ = ("_contiguous", "_slab", "block", "generations", "owner", "slots")
+    _contiguous: bool  # set once, by the subclass's __init__ (from _rows)
 
     def __init__(
         self,
-        slab: Slab,
+        slab: SlabCore,
         owner: int,
         slots: Words,
         generations: Words,
@@ -116,6 +91,12 @@ class _Slots:
     def __len__(self) -> int:
         return len(self.slots)
 
+    @property
+    def contiguous(self) -> bool:
+        """Whether the slots are one run (:func:`shm.one_run`; then :attr:`block`
+        is set), decided once, when the batch was made: carry it, do not ask again."""
+        return self._contiguous
+
 
 class BatchLoan(_Slots):
     """Slots the writer holds for one owner: write :attr:`rows`, then publish.
@@ -124,7 +105,8 @@ class BatchLoan(_Slots):
         owner: the owner the slots are charged to.
         slots, generations: the slots and their generations (``uint64`` words: a
             ``memoryview`` or a NumPy array).
-        contiguous: whether the slots are one run (then :attr:`block` is set).
+        contiguous: whether the slots are one run (then :attr:`block` is set),
+            decided once at loan time (read-only).
         block: the run as one writable ``(n, *shape)`` array, or None.
         rows: one writable array per slot, in order (views of the block when
             contiguous): the slab's own memory, no copy.
@@ -134,7 +116,7 @@ class BatchLoan(_Slots):
 
     def __init__(
         self,
-        slab: Slab,
+        slab: SlabCore,
         owner: int,
         slots: Words,
         generations: Words,
@@ -144,7 +126,7 @@ class BatchLoan(_Slots):
         super().__init__(slab, owner, slots, generations)
         self._finished = False
         try:
-            self.contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
+            self._contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
         except BaseException:
             lib.shm_slab_abort_batch(slab.meta, _u64(slots), _u64(generations), len(slots))
             raise
@@ -178,7 +160,7 @@ class BatchLoan(_Slots):
 
 
 def loan_batch(
-    slab: Slab, owner: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...]
+    slab: SlabCore, owner: int, n: int, dtype: np.dtype[Any], shape: tuple[int, ...]
 ) -> BatchLoan:
     """Take ``n`` slots for ``owner`` in one call, as one run when one is free.
 
@@ -201,7 +183,7 @@ def loan_batch(
         slab.meta, owner, n, time.monotonic_ns(), _u64(slots), _u64(generations)
     )
     if rc < 0:
-        check_rc(rc, f"{slab._loan_where(owner)}; asked for {n} at once")
+        check_rc(rc, f"{slab.loan_where(owner)}; asked for {n} at once")
     return BatchLoan(slab, owner, slots, generations, dtype, shape)
 
 
@@ -217,7 +199,7 @@ class BatchSample(_Slots):
 
     def __init__(
         self,
-        slab: Slab,
+        slab: SlabCore,
         owner: int,
         slots: Words,
         generations: Words,
@@ -225,7 +207,7 @@ class BatchSample(_Slots):
         shape: tuple[int, ...],
     ) -> None:
         super().__init__(slab, owner, slots, generations)
-        self.contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
+        self._contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
         self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
 
     @property
@@ -277,7 +259,7 @@ class BatchSample(_Slots):
         return int(done[0])
 
 
-def release_slots(slab: Slab, owner: int, slots: Words, generations: Words) -> int:
+def release_slots(slab: SlabCore, owner: int, slots: Words, generations: Words) -> int:
     """Release published slots of ``owner`` in one call, without viewing them (a
     writer giving back what no reader will take); returns how many were."""
     done = ffi.new("uint64_t *")
@@ -290,7 +272,7 @@ def release_slots(slab: Slab, owner: int, slots: Words, generations: Words) -> i
 
 
 def receive_batch(
-    slab: Slab,
+    slab: SlabCore,
     owner: int,
     slots: Words,
     generations: Words,

@@ -21,8 +21,8 @@ from shm.errors import StaleSlot, check_rc
 from shm.native import lib
 from shm.slots import SlotRef
 
-if TYPE_CHECKING:
-    from shm.slab import Slab
+if TYPE_CHECKING:  # types only: the loans stand on the core, never on Slab
+    from shm.slab_core import SlabCore
 
 
 class Loan:
@@ -41,7 +41,7 @@ class Loan:
 
     __slots__ = ("_finished", "_slab", "array", "ref")
 
-    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
+    def __init__(self, slab: SlabCore, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
         self._slab = slab
         self._finished = False
         self.ref = ref
@@ -108,7 +108,7 @@ class Sample:
 
     __slots__ = ("_released", "_slab", "array", "ref")
 
-    def __init__(self, slab: Slab, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
+    def __init__(self, slab: SlabCore, ref: SlotRef, array: np.ndarray[Any, Any]) -> None:
         self._slab = slab
         self._released = False
         self.ref = ref
@@ -119,7 +119,8 @@ class Sample:
         return self._released
 
     def release(self) -> None:
-        """Hand the slot back (:meth:`Slab.release` with the ref's owner), once.
+        """Hand the slot back (:meth:`SlabCore.release <shm.slab_core.SlabCore.release>`
+        with the ref's owner), once.
 
         Later calls do nothing, also after a first call that raised; so does a
         call once the slab's segment is closed in this process (the array stays

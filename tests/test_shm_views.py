@@ -88,6 +88,22 @@ def test_a_step_of_scattered_slots_shows_each_row_its_own_slot(slabs: tuple[Slab
     assert sample.release() == 4
 
 
+def test_a_batch_knows_once_whether_its_slots_are_one_run(slabs: tuple[Slab, Slab]) -> None:
+    """Issue 22: a loan's ``contiguous`` is one_run's answer, decided when the loan is
+    made, and read-only, so the callers above carry it instead of asking again."""
+    writer, reader = slabs
+    loan = writer.loan_batch(0, 3, *ROW)
+    assert loan.contiguous is one_run(loan.slots) is True and loan.block is not None
+    with pytest.raises(AttributeError):
+        loan.contiguous = False  # type: ignore[misc]
+    loan.publish()
+    sample = reader.receive_batch(0, loan.slots, loan.generations, *ROW)
+    assert sample.contiguous is True
+    with pytest.raises(AttributeError):
+        sample.contiguous = False  # type: ignore[misc]
+    assert sample.release() == 3
+
+
 # -- item 2: every layout is checked before anything is mapped -----------------------------
 
 BAD_ANYWHERE: list[tuple[Any, Any]] = [
