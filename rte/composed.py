@@ -9,7 +9,7 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
   ``seed`` runs once for the whole pending set on HOT, at a step boundary.
 * **Pipelining.** With ``pipeline_depth_chunks == 2``, DEFERRED decodes chunk
   N-1 while HOT makes chunk N: the first step emits nothing. In-flight output is
-  held per HOT batch (:class:`~rte.stages.InFlight`), so a detach removes only
+  held per HOT batch (:class:`~rte.output.InFlight`), so a detach removes only
   its own row and a due subset decodes only its own rows.
 * **The common step.** A due list resolves to a cached plan; the same due list
   again decodes last step's HOT batch whole: no per-row bookkeeping.
@@ -43,15 +43,8 @@ from rte.encodes import Encodes
 from rte.errors import AdmissionError, EngineClosedError, EngineFault, UnknownSessionError
 from rte.lanes import Lane, Lanes, LanesFault, make_lanes
 from rte.outcomes import emitted_by_row, report_failed, step_results
-from rte.stages import (
-    Batch,
-    HeapAllocator,
-    InFlight,
-    OutputAllocator,
-    StageModel,
-    check_conditioning,
-    check_session_id,
-)
+from rte.output import HeapAllocator, InFlight, OutputAllocator
+from rte.stages import Batch, StageModel, check_conditioning, check_session_id
 
 _MISSING = object()
 

@@ -4,7 +4,7 @@ One :class:`~rte.contract.StepResult` per due session, in due order: CHUNK
 when the session emitted; otherwise ERROR (its action was refused), PENDING
 (not yet seeded), ENCODING (sitting out a heavy change), WARMUP (its chunk
 is in flight), or FAILED. The common step, every due row decoded as one batch
-in due order, is answered by :func:`~rte.stages.chunk_results` alone.
+in due order, is answered by :func:`~rte.output.chunk_results` alone.
 
 FAILED is how a session's own failure stays its own: when a session's seed or
 heavy encode fails, the engine lets go of its row at once (free for the next
@@ -22,7 +22,8 @@ import numpy as np
 
 from rte.arena import Plan
 from rte.contract import ResultKind, StepResult, Timing
-from rte.stages import Batch, chunk_results
+from rte.output import chunk_results
+from rte.stages import Batch
 
 
 def step_results(
