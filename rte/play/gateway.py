@@ -384,6 +384,11 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
 
+def made_wall_ms(made_ns: int) -> int:
+    """A monotonic ``made_ns`` as the wall-clock millisecond mod 2**32 (a page's clock)."""
+    return ((time.time_ns() - (time.monotonic_ns() - made_ns)) // 1_000_000) & 0xFFFFFFFF
+
+
 def page_text(text: str) -> dict[str, Any] | str:
     """A page's text message as the JSON object it should be, or why it is not one."""
     if len(text) > MAX_MESSAGE:

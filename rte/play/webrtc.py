@@ -60,7 +60,7 @@ from aiortc import (
 from av import VideoFrame
 
 from rte.errors import ClientClosedError, ConfigurationError, EngineGone
-from rte.play.gateway import MAX_SAYING, Gateway, Tab, page_text
+from rte.play.gateway import MAX_SAYING, Gateway, Tab, made_wall_ms, page_text
 from rte.play.picture import scale_for, stamped
 
 VIDEO_CLOCK = 90_000  # RTP's video clock, Hz
@@ -200,9 +200,8 @@ class SessionTrack(MediaStreamTrack):
         self._due = max(self._due + self.period_s, loop.time())
         height, width = tab.shape
         rgb = np.frombuffer(frame, np.uint8).reshape(height, width, 3)
-        made_ms = (time.time_ns() - (time.monotonic_ns() - tab.made_ns)) // 1_000_000
         scale = self.scale or scale_for(tab.shape)
-        picture = stamped(rgb, scale, tab.chunk, tab.shown_seq, made_ms)
+        picture = stamped(rgb, scale, tab.chunk, tab.shown_seq, made_wall_ms(tab.made_ns))
         video = VideoFrame.from_ndarray(picture, format="rgb24")
         video.pts = int((time.monotonic() - self._start) * VIDEO_CLOCK)
         video.time_base = Fraction(1, VIDEO_CLOCK)

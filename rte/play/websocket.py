@@ -9,8 +9,9 @@ What crosses a tab's socket:
 
 * to the page, binary: :data:`HEADER` (chunk index, the ``seq`` of the page's
   last action this frame is the first to reflect, height, width, the gateway's
-  action-to-frame latency in µs or :data:`~rte.play.gateway.NO_LATENCY`), then
-  the RGB bytes;
+  action-to-frame latency in µs or :data:`~rte.play.gateway.NO_LATENCY`, the
+  wall-clock millisecond, mod 2**32, the frame began generating, as the WebRTC
+  stamp says it: the page's frame age), then the RGB bytes;
 * to the page, text: the gateway's JSON messages (``hello``, ``error``,
   ``gone``, ``closed``, ``bye``); after ``gone``, ``closed`` and ``bye`` the
   socket closes;
@@ -33,9 +34,9 @@ from typing import Any
 from aiohttp import WSMessage, WSMsgType, web
 
 from rte.errors import ClientClosedError, EngineGone
-from rte.play.gateway import NO_LATENCY, Gateway, Tab, page_text
+from rte.play.gateway import NO_LATENCY, Gateway, Tab, made_wall_ms, page_text
 
-HEADER = struct.Struct("<IIHHI")  # chunk, ack seq, height, width, latency µs
+HEADER = struct.Struct("<IIHHII")  # chunk, ack seq, height, width, latency µs, made ms
 READ_LIMIT = 16 * 1024 * 1024  # a message up to this is read and refused; past it, 1009
 
 
@@ -92,7 +93,8 @@ async def _send_frames(tab: Tab, ws: web.WebSocketResponse, period_s: float) -> 
             ack_seq, latency_us = tab.ack or (0, NO_LATENCY)
             tab.ack = None
             height, width = tab.shape
-            header = HEADER.pack(tab.chunk, ack_seq, height, width, latency_us)
+            made_ms = made_wall_ms(tab.made_ns)
+            header = HEADER.pack(tab.chunk, ack_seq, height, width, latency_us, made_ms)
             await ws.send_bytes(header + frame)
             tab.sent += 1
             due = max(due + period_s, loop.time())
