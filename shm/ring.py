@@ -5,16 +5,12 @@ processes; exactly one of each may use a ring at a time. Push and pop are one
 C call each (``csrc/shm_native.c`` holds the layout and the memory ordering);
 ``pop_batch`` drains everything available in one call.
 
-Waiting is a policy (:class:`WaitPolicy`): ``spin`` polls and yields,
-``block`` sleeps on the ring's :class:`~shm.doorbell.Doorbell` at once, and
-``spin-then-block`` (the default) polls for ``spin_us`` microseconds first.
-A producer facing a full ring backs off with short sleeps up to its timeout,
-then raises :class:`~shm.errors.RingFull`: backpressure, never growth.
-
+How a consumer waits for records (the policies, the sleep handshake with the
+producer, many rings on one doorbell) is :mod:`shm.waiting`; this module is the
+records. A producer facing a full ring backs off with short sleeps up to its
+timeout, then raises :class:`~shm.errors.RingFull`: backpressure, never growth.
 Blocking calls accept ``check``, called about every 100 ms while waiting, so a
 caller can notice a dead peer and raise instead of waiting out the timeout.
-Without ``check`` a blocked consumer sleeps on its doorbell for the whole
-timeout: only a push wakes it (the lost-wake-up test relies on that).
 
 The C calls return ``enum shm_status`` codes (``csrc/shm_native.h``). The hot
 paths compare them with module constants read once from ``lib``; only an error
@@ -30,33 +26,42 @@ records (:class:`~shm.errors.RingCorrupt`), never makes us touch a byte outside.
 
 from __future__ import annotations
 
-import enum
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from shm.doorbell import Bell, Doorbell
+from shm.doorbell import Bell
 from shm.errors import LayoutError, RingEmpty, RingFull, SegmentError, check_rc
 from shm.native import ffi, lib
 from shm.ring_stats import RingStatistics
 from shm.segment import Segment
+from shm.waiting import (
+    CHECK_EVERY_S,
+    SPIN_SLICE_NS,
+    WaitPolicy,
+    pop_spin_ns,
+    wait_any,
+    wait_used,
+)
+
+__all__ = [
+    "CHECK_EVERY_S",
+    "HEADER",
+    "SPIN_SLICE_NS",
+    "Ring",
+    "RingStatistics",
+    "WaitPolicy",
+    "max_record",
+    "wait_any",
+]
 
 HEADER = int(lib.shm_ring_header_size())
-CHECK_EVERY_S = 0.1
-SPIN_SLICE_NS = 1_000_000  # the spin policy polls in slices this long, yielding between
 
 # the statuses the hot paths test for, read once (a global is cheaper than lib.X)
 _WAKE = int(lib.SHM_WAKE)
 _FULL = int(lib.SHM_RING_FULL)
 _EMPTY = int(lib.SHM_RING_EMPTY)
 _CORRUPT = int(lib.SHM_RING_CORRUPT)
-
-
-class WaitPolicy(enum.Enum):
-    SPIN = "spin"
-    SPIN_THEN_BLOCK = "spin-then-block"
-    BLOCK = "block"
 
 
 def max_record(capacity: int) -> int:
@@ -97,11 +102,7 @@ class Ring:
         self.doorbell = doorbell
         self._spin_ns = int(spin_us * 1000)
         # what pop spins before anything slower: per policy, bounded by its timeout
-        self._pop_spin_ns = {
-            WaitPolicy.BLOCK: 0,
-            WaitPolicy.SPIN: SPIN_SLICE_NS,
-            WaitPolicy.SPIN_THEN_BLOCK: self._spin_ns,
-        }[self.policy]
+        self._pop_spin_ns = pop_spin_ns(self.policy, self._spin_ns)
         self._out: Any = None  # the consumer's copy-out buffer, made on first pop
         self._lens: Any = None
 
@@ -127,7 +128,7 @@ class Ring:
     def push_nowait(self, record: bytes | bytearray | memoryview) -> None:
         """Append one record, or raise RingFull / RecordTooLarge at once."""
         data = record if type(record) is bytes else ffi.from_buffer(record)
-        rc = lib.shm_ring_push(self._ptr, data, len(record), 1)
+        rc = lib.shm_ring_push(self.handle, data, len(record), 1)
         if rc:
             self._pushed(rc, record)
 
@@ -139,7 +140,7 @@ class Ring:
     ) -> None:
         """Append one record, waiting up to ``timeout`` s for room; then RingFull."""
         data = record if type(record) is bytes else ffi.from_buffer(record)
-        rc = lib.shm_ring_push(self._ptr, data, len(record), 1)
+        rc = lib.shm_ring_push(self.handle, data, len(record), 1)
         if rc != _FULL:
             if rc:
                 self._pushed(rc, record)
@@ -149,7 +150,7 @@ class Ring:
         while True:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
-            rc = lib.shm_ring_push(self._ptr, data, len(record), 0)
+            rc = lib.shm_ring_push(self.handle, data, len(record), 0)
             if rc != _FULL:
                 if rc:
                     self._pushed(rc, record)
@@ -180,8 +181,9 @@ class Ring:
         return f"the ring at offset {self.offset} of {self.segment.name}"
 
     @property
-    def _ptr(self) -> Any:
-        """The ring's header, for the C calls; refused once the segment is closed."""
+    def handle(self) -> Any:
+        """The ring's ``shm_ring_t *``, for the C calls (and :mod:`shm.waiting`);
+        refused once the segment is closed in this process."""
         if self.segment.closed:
             raise SegmentError(f"{self._where()} is closed in this process; open it again")
         return self._raw
@@ -197,7 +199,7 @@ class Ring:
     def pop_nowait(self) -> bytes:
         """Take the oldest record, or raise RingEmpty at once."""
         out = self._out if self._out is not None else self._buffers()
-        n = lib.shm_ring_pop(self._ptr, out, self.capacity)
+        n = lib.shm_ring_pop(self.handle, out, self.capacity)
         if n < 0:
             check_rc(n, f"pop from {self._where()}")
         return ffi.unpack(out, n)  # type: ignore[no-any-return]
@@ -210,7 +212,7 @@ class Ring:
         spin = self._pop_spin_ns
         if timeout * 1e9 < spin:
             spin = int(timeout * 1e9)
-        n = lib.shm_ring_pop_spin(self._ptr, out, self.capacity, spin)
+        n = lib.shm_ring_pop_spin(self.handle, out, self.capacity, spin)
         if n >= 0:
             return ffi.unpack(out, n)  # type: ignore[no-any-return]
         if n == _EMPTY and not self.wait_readable(timeout, check):
@@ -223,7 +225,7 @@ class Ring:
         """Take every record available now (at most ``max_records``); [] when empty."""
         out = self._buffers()
         limit = self.capacity // 8 if max_records is None else min(max_records, self.capacity // 8)
-        n = int(lib.shm_ring_pop_batch(self._ptr, out, self.capacity, self._lens, limit))
+        n = int(lib.shm_ring_pop_batch(self.handle, out, self.capacity, self._lens, limit))
         if n < 0:
             check_rc(n, f"batch pop from {self._where()}")
         records, at = [], 0
@@ -246,65 +248,30 @@ class Ring:
         policy: WaitPolicy | None = None,
     ) -> bool:
         """Wait by the ring's policy (or ``policy``) until a record is available;
-        False after ``timeout``."""
-        ptr = self._ptr
-        if lib.shm_ring_used(ptr):
-            return True
-        policy = policy or self.policy
-        start = time.monotonic_ns()
-        deadline = start + int(timeout * 1e9)
-        spin_until = start + (self._spin_ns if policy is WaitPolicy.SPIN_THEN_BLOCK else 0)
-        spinning = policy is WaitPolicy.SPIN
-        next_check = start + int(CHECK_EVERY_S * 1e9)
-        now = start
-        while True:
-            if spinning or now < spin_until:
-                limit = deadline if spinning else spin_until
-                if lib.shm_ring_wait_used(ptr, max(0, min(limit - now, SPIN_SLICE_NS))):
-                    return True
-                if spinning:
-                    os.sched_yield()  # between slices, let a peer on this core run
-            elif self._sleep((min(deadline, next_check) if check else deadline) - now):
-                return True
-            now = time.monotonic_ns()
-            if check is not None and now >= next_check:
-                check()
-                next_check = now + int(CHECK_EVERY_S * 1e9)
-            if now >= deadline:
-                return bool(lib.shm_ring_used(ptr))
+        False after ``timeout`` (see :func:`shm.waiting.wait_used`)."""
+        return wait_used(self, self.doorbell, timeout, check, policy or self.policy, self._spin_ns)
 
     def used(self) -> int:
         """Bytes pushed and not yet popped (records, padding and wrap skips)."""
-        return int(lib.shm_ring_used(self._ptr))
+        return int(lib.shm_ring_used(self.handle))
 
     def prepare_sleep(self) -> bool:
         """Announce that the consumer will sleep on the doorbell. True when records
         arrived meanwhile (then do not sleep); otherwise call :meth:`end_sleep` on
         waking. For a consumer that sleeps on one doorbell for many rings."""
-        return bool(lib.shm_ring_prepare_sleep(self._ptr))
+        return bool(lib.shm_ring_prepare_sleep(self.handle))
 
     def end_sleep(self) -> None:
-        lib.shm_ring_end_sleep(self._ptr)
+        lib.shm_ring_end_sleep(self.handle)
 
     def wake(self) -> bool:
         """Ring the doorbell if the consumer sleeps: for producers of something
         other than records (freed slab slots, say) that the consumer re-checks
         after announcing its sleep. True when it rang."""
-        if lib.shm_ring_wake(self._ptr) and self.doorbell is not None:
+        if lib.shm_ring_wake(self.handle) and self.doorbell is not None:
             self.doorbell.ring()
             return True
         return False
-
-    def _sleep(self, budget_ns: int) -> bool:
-        """Announce sleep, re-check, sleep on the doorbell. True when records are there."""
-        assert self.doorbell is not None
-        if lib.shm_ring_prepare_sleep(self._ptr):
-            return True
-        try:
-            self.doorbell.wait(max(budget_ns, 0) / 1e9)
-        finally:
-            lib.shm_ring_end_sleep(self._ptr)
-        return bool(lib.shm_ring_used(self._ptr))
 
     # -- either side ------------------------------------------------------
 
@@ -316,7 +283,7 @@ class Ring:
         real corruption) also read as None.
         """
         buffer = bytearray(self.max_record)
-        n = int(lib.shm_ring_peek(self._ptr, index, ffi.from_buffer(buffer), len(buffer)))
+        n = int(lib.shm_ring_peek(self.handle, index, ffi.from_buffer(buffer), len(buffer)))
         if n in (_EMPTY, _CORRUPT):
             return None
         check_rc(n, f"peek at record {index} of {self._where()}")
@@ -324,65 +291,15 @@ class Ring:
 
     def reset(self) -> None:
         """Drop every record. Only when neither peer is running (one died, say)."""
-        lib.shm_ring_reset(self._ptr)
+        lib.shm_ring_reset(self.handle)
 
     def wipe(self) -> None:
         """Lay the ring out anew with the geometry it was opened with (its peer is
         gone, and may have garbled it: a reset keeps a garbled head garbled)."""
-        check_rc(lib.shm_ring_init(self._ptr.header, self.capacity), f"wiping {self._where()}")
+        check_rc(lib.shm_ring_init(self.handle.header, self.capacity), f"wiping {self._where()}")
 
     def statistics(self) -> RingStatistics:
         """A snapshot of the ring's counters, read from shared memory."""
         out = ffi.new("shm_ring_stats_t *")
-        lib.shm_ring_stats(self._ptr, out)
+        lib.shm_ring_stats(self.handle, out)
         return RingStatistics.from_c(out)
-
-
-def wait_any(
-    rings: list[Ring],
-    doorbell: Doorbell,
-    timeout: float,
-    ready: Callable[[], bool] | None = None,
-    *,
-    policy: WaitPolicy = WaitPolicy.BLOCK,
-    spin_us: float = 50.0,
-    before_sleep: Callable[[], None] | None = None,
-) -> bool:
-    """Wait by ``policy`` until any of ``rings`` holds a record, or ``timeout`` s pass.
-
-    ``spin`` polls the rings (and ``ready``) for a slice and yields (the caller
-    comes back); ``spin-then-block`` polls for ``spin_us`` first, then sleeps
-    like ``block``. Every ring's producer must ring this ``doorbell``. ``ready``
-    is any other condition to wake for; it is checked after the sleep is
-    announced, and its producers must ring the doorbell (or call
-    :meth:`Ring.wake`) after making it true. ``before_sleep`` runs once the
-    spin is over and the sleep is certain but for that last check (announce
-    the sleep to ``ready``'s producers there: they post only to a sleeper, and
-    a post costs a system call). True when woken or already ready; False on
-    timeout.
-    """
-    if policy is not WaitPolicy.BLOCK:
-        spin_ns = SPIN_SLICE_NS if policy is WaitPolicy.SPIN else int(spin_us * 1000)
-        end = time.monotonic_ns() + min(spin_ns, int(timeout * 1e9))
-        while time.monotonic_ns() < end:
-            if any(lib.shm_ring_used(ring._ptr) for ring in rings) or (
-                ready is not None and ready()
-            ):
-                return True
-        if policy is WaitPolicy.SPIN:
-            os.sched_yield()  # let a peer on this core run
-            return False
-    prepared: list[Ring] = []
-    try:
-        for ring in rings:
-            if ring.prepare_sleep():
-                return True
-            prepared.append(ring)
-        if before_sleep is not None:
-            before_sleep()
-        if ready is not None and ready():
-            return True
-        return doorbell.wait(timeout)
-    finally:
-        for ring in prepared:
-            ring.end_sleep()

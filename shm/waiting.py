@@ -1,0 +1,155 @@
+"""How a ring's consumer waits: the policies, the sleep handshake, many rings on one bell.
+
+A ring (:mod:`shm.ring`) moves records; this is the waiting around it. Waiting
+is a policy (:class:`WaitPolicy`): ``spin`` polls and yields, ``block`` sleeps
+on the ring's :class:`~shm.doorbell.Doorbell` at once, and ``spin-then-block``
+(the default) polls for ``spin_us`` microseconds first. Spinning is bounded:
+it polls in C (the GIL released) in slices of :data:`SPIN_SLICE_NS` and yields
+the core between slices.
+
+Sleeping is a handshake with the producer, so no wake-up is lost: the consumer
+announces its sleep in the ring's header (``shm_ring_prepare_sleep``), checks
+once more, and only then sleeps on the doorbell; a producer that sees the
+announcement after its push rings the bell (the C pairs the two). A consumer of
+many rings (:func:`wait_any`) announces on each, then sleeps on one bell.
+
+Blocking waits accept ``check``, called about every :data:`CHECK_EVERY_S`
+while waiting, so a caller can notice a dead peer and raise instead of waiting
+out the timeout. Without ``check`` a blocked consumer sleeps on its doorbell
+for the whole timeout: only a push wakes it (the lost-wake-up test relies on
+that).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from shm.doorbell import Bell, Doorbell
+from shm.native import lib
+
+CHECK_EVERY_S = 0.1
+SPIN_SLICE_NS = 1_000_000  # the spin policy polls in slices this long, yielding between
+
+
+class WaitPolicy(enum.Enum):
+    SPIN = "spin"
+    SPIN_THEN_BLOCK = "spin-then-block"
+    BLOCK = "block"
+
+
+class Waitable(Protocol):
+    """What waiting needs of a ring: its C handle (a :class:`~shm.ring.Ring`'s)."""
+
+    @property
+    def handle(self) -> Any: ...
+
+
+def pop_spin_ns(policy: WaitPolicy, spin_ns: int) -> int:
+    """What a pop spins in C before anything slower, by ``policy``."""
+    if policy is WaitPolicy.BLOCK:
+        return 0
+    return SPIN_SLICE_NS if policy is WaitPolicy.SPIN else spin_ns
+
+
+def wait_used(
+    ring: Waitable,
+    doorbell: Bell | None,
+    timeout: float,
+    check: Callable[[], None] | None,
+    policy: WaitPolicy,
+    spin_ns: int,
+) -> bool:
+    """Wait by ``policy`` until ``ring`` holds a record; False after ``timeout`` s.
+    ``spin_ns``: how long ``spin-then-block`` spins first."""
+    handle = ring.handle
+    if lib.shm_ring_used(handle):
+        return True
+    start = time.monotonic_ns()
+    deadline = start + int(timeout * 1e9)
+    spin_until = start + (spin_ns if policy is WaitPolicy.SPIN_THEN_BLOCK else 0)
+    spinning = policy is WaitPolicy.SPIN
+    next_check = start + int(CHECK_EVERY_S * 1e9)
+    now = start
+    while True:
+        if spinning or now < spin_until:
+            limit = deadline if spinning else spin_until
+            if lib.shm_ring_wait_used(handle, max(0, min(limit - now, SPIN_SLICE_NS))):
+                return True
+            if spinning:
+                os.sched_yield()  # between slices, let a peer on this core run
+        elif sleep_on(ring, doorbell, (min(deadline, next_check) if check else deadline) - now):
+            return True
+        now = time.monotonic_ns()
+        if check is not None and now >= next_check:
+            check()
+            next_check = now + int(CHECK_EVERY_S * 1e9)
+        if now >= deadline:
+            return bool(lib.shm_ring_used(handle))
+
+
+def sleep_on(ring: Waitable, doorbell: Bell | None, budget_ns: int) -> bool:
+    """Announce sleep, re-check, sleep on the doorbell for up to ``budget_ns``.
+    True when records are there. (The handle is asked for at each step: a ring
+    whose segment was closed meanwhile refuses, never reaches unmapped memory.)"""
+    assert doorbell is not None  # a policy that sleeps needs one (Ring checks at open)
+    if lib.shm_ring_prepare_sleep(ring.handle):
+        return True
+    try:
+        doorbell.wait(max(budget_ns, 0) / 1e9)
+    finally:
+        lib.shm_ring_end_sleep(ring.handle)
+    return bool(lib.shm_ring_used(ring.handle))
+
+
+def wait_any(
+    rings: Sequence[Waitable],
+    doorbell: Doorbell,
+    timeout: float,
+    ready: Callable[[], bool] | None = None,
+    *,
+    policy: WaitPolicy = WaitPolicy.BLOCK,
+    spin_us: float = 50.0,
+    before_sleep: Callable[[], None] | None = None,
+) -> bool:
+    """Wait by ``policy`` until any of ``rings`` holds a record, or ``timeout`` s pass.
+
+    ``spin`` polls the rings (and ``ready``) for a slice and yields (the caller
+    comes back); ``spin-then-block`` polls for ``spin_us`` first, then sleeps
+    like ``block``. Every ring's producer must ring this ``doorbell``. ``ready``
+    is any other condition to wake for; it is checked after the sleep is
+    announced, and its producers must ring the doorbell (or call
+    :meth:`Ring.wake <shm.ring.Ring.wake>`) after making it true.
+    ``before_sleep`` runs once the spin is over and the sleep is certain but for
+    that last check (announce the sleep to ``ready``'s producers there: they post
+    only to a sleeper, and a post costs a system call). True when woken or
+    already ready; False on timeout.
+    """
+    if policy is not WaitPolicy.BLOCK:
+        spin_ns = SPIN_SLICE_NS if policy is WaitPolicy.SPIN else int(spin_us * 1000)
+        end = time.monotonic_ns() + min(spin_ns, int(timeout * 1e9))
+        while time.monotonic_ns() < end:
+            if any(lib.shm_ring_used(ring.handle) for ring in rings) or (
+                ready is not None and ready()
+            ):
+                return True
+        if policy is WaitPolicy.SPIN:
+            os.sched_yield()  # let a peer on this core run
+            return False
+    prepared: list[Waitable] = []
+    try:
+        for ring in rings:
+            if lib.shm_ring_prepare_sleep(ring.handle):
+                return True
+            prepared.append(ring)
+        if before_sleep is not None:
+            before_sleep()
+        if ready is not None and ready():
+            return True
+        return doorbell.wait(timeout)
+    finally:
+        for ring in prepared:
+            lib.shm_ring_end_sleep(ring.handle)
