@@ -30,6 +30,7 @@ Every method is called from one thread, the stepping thread.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Iterable, Mapping
@@ -183,11 +184,16 @@ class ComposedEngine:
             self._gen += 1  # a plan that named it is stale: it is unknown from now on
             return
         row = self._lookup(session)
-        self._drain()
         if row.armed:
+            # No lane is waited for: the model forgets the row on HOT, after the HOT
+            # work queued for it; DEFERRED reads only batches' carries, never rows. Only
+            # an encode under way rewrites the row: its host side must have issued it
+            # (a rare wait, for that encode alone) before HOT may forget the row.
+            if row.encoding is not None and not row.encoding.done():
+                with contextlib.suppress(Exception):  # the row is leaving: its failure too
+                    row.encoding.result()
             try:
                 self.lanes.run(Lane.HOT, self._model.detach, row.index)
-                self._drain()  # a detach that fails on the device fails here
             except BaseException:
                 # The session stays attached (the model may still hold it); the
                 # other rows' in-flight chunks are sound and are kept.

@@ -168,6 +168,60 @@ def test_an_encode_is_ordered_after_the_hot_work_that_reads_its_row() -> None:
     engine.close()
 
 
+# -- 8. a session that leaves stalls nobody ---------------------------------------------
+
+
+def test_a_detach_waits_for_no_stream_and_the_others_lose_nothing() -> None:
+    """Issue 26 defect 8: every detach synchronized every stream, twice (before and
+    after the model's detach): a stall of the whole cohort on every leave."""
+    engine, model, device = sim_engine()
+    for s in "abc":
+        engine.attach(s, {"prompt": "p"})
+    steps(engine, ["a", "b", "c"], 3)
+    engine.step(["a", "b", "c"], {"c": Action({"prompt": "q"})})  # an ENCODE stream too
+    engine.lanes.drain()
+    last = {r.session: r.chunk for r in steps(engine, ["a", "b", "c"], 2) if r.has_chunk}
+    waits = device.host_waits
+    engine.detach("b")
+    assert device.host_waits == waits  # the host waited for no event and no stream
+    (forgot,) = [c for c in model.calls if c.name == "detach"]
+    assert forgot.rows == (1,) and forgot.lane is Lane.HOT
+    made = [(r.session, r.chunk) for r in steps(engine, ["a", "c"], 2) if r.has_chunk]
+    a, c = last["a"], last["c"]
+    assert made == [("a", a + 1), ("c", c + 1), ("a", a + 2), ("c", c + 2)]  # none lost
+    engine.close()
+
+
+def test_a_detach_while_its_encode_runs_forgets_the_row_after_the_encode() -> None:
+    """Its row is rewritten by the encode under way: the model's detach (on HOT) runs
+    after it, never beside it (the simulated device would see the race)."""
+    engine, model, _ = sim_engine()
+    engine.attach("a", {"prompt": "one"})
+    engine.attach("b")
+    steps(engine, ["a", "b"], 2)
+    model.encode_gate = threading.Event()
+    engine.step(["a", "b"], {"a": Action({"prompt": "two"})})  # held at the gate
+    failures: list[BaseException] = []
+
+    def detach() -> None:
+        try:
+            engine.detach("a")
+        except BaseException as exc:  # a race the device saw: HazardError
+            failures.append(exc)
+
+    leaving = threading.Thread(target=detach)
+    leaving.start()
+    leaving.join(0.3)
+    assert leaving.is_alive()  # waiting for a's encode, not forgetting its row under it
+    model.encode_gate.set()
+    leaving.join(10)
+    assert not leaving.is_alive() and failures == [] and engine.sessions() == {"b": 1}
+    assert model.encodes[-1] == ("a", "two") and model.names()[-1] == "detach"
+    made = [r.chunk for r in steps(engine, ["b"], 2) if r.has_chunk]
+    assert made == [2, 3]
+    engine.close()
+
+
 # -- 9. what the model's construction wrote is complete before HOT reads it -------------
 
 

@@ -92,6 +92,7 @@ class SimCuda:
         self._local = threading.local()  # per thread: what it has seen complete; its op
         self._rows: dict[int, _Touch] = {}  # the last write of each row
         self.launches = 0
+        self.host_waits = 0  # times the host blocked on the device (an event or a stream)
         self.fault: SimCudaError | None = None
         self.default = self._new("default")
 
@@ -141,13 +142,12 @@ class SimCuda:
             stream.clock = _join(stream.clock, event.clock)
 
     def query(self, event: SimEvent) -> bool:
-        self.host_wait(event)
+        self._see(event)  # it ran when launched: a query finds it complete, without waiting
         return True
 
     def host_wait(self, event: SimEvent) -> None:
-        self._check()
-        with self._lock:
-            self._local.seen = _join(self._seen(), event.clock)
+        self.host_waits += 1
+        self._see(event)
 
     def synchronize(self, stream: SimStream) -> None:
         self.host_wait(self.record(stream))
@@ -169,6 +169,12 @@ class SimCuda:
             stream = SimStream(len(self._streams) + 1, lane)
             self._streams.append(stream)
             return stream
+
+    def _see(self, event: SimEvent) -> None:
+        """The calling thread has seen ``event`` complete."""
+        self._check()
+        with self._lock:
+            self._local.seen = _join(self._seen(), event.clock)
 
     def _seen(self) -> Clock:
         """What the calling thread has seen complete."""
