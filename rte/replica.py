@@ -28,8 +28,9 @@ from typing import Any
 from rte.composed import ComposedEngine
 from rte.contract import Action, Engine, Manifest, ResultKind, StepResult, Timing
 from rte.errors import AdmissionError, UnknownSessionError
+from rte.output import OutputAllocator
 from rte.placement import Placement
-from rte.stages import OutputAllocator, StageModel
+from rte.stages import StageModel
 
 
 @dataclass(eq=False)

@@ -8,8 +8,8 @@ import sys
 import pytest
 from daemon_harness import DaemonProcess
 
-from rte.cli.serve import model_settings
 from rte.errors import ConfigurationError
+from rte.ipc.sources import pairs_of as model_settings
 
 
 def test_pairs_are_typed_and_a_malformed_one_is_refused() -> None:

@@ -32,6 +32,8 @@ from typing import Any
 
 from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
+from rte.ipc.sources import setting
+from rte.models import model_choices
 from rte.protocol.control import MAX_CLIENTS, MAX_SESSIONS, Layout
 from rte.protocol.names import DaemonNames
 from rte.protocol.requests import DEFAULT_CREDITS
@@ -45,71 +47,83 @@ MIN_RING_KIB = 4
 DEFAULT_RING_KIB = 256
 MAX_SLOTS = 1 << 32  # a slab's slot count (shm_slab_check refuses more)
 PACE_HZ = (1e-3, 1e6)  # a period the tick word's nanoseconds can hold; at most a microsecond
+ADMISSIONS = ("realtime", "rows")
 
 
 @dataclass(frozen=True)
 class Settings:
     """A daemon's settings; ConfigurationError, naming the option, for one that cannot hold.
 
-    Attributes:
-        name: the daemon's name; clients connect by it.
-        model: a short model name or ``module:factory``.
-        max_sessions: rows of the engine's arena.
-        max_clients: client slots (each has a ring pair and a slab quota).
-        ring_kib: the size of each client ring (rounded up to a power of two);
-            None: enough for a step of every row, at least 256 KiB.
-        slab_slots: slots of the shared slab (each holds one chunk); None: every
-            client's quota (:attr:`slab_slot_count`).
-        quota: slots one client may hold at once; 0: what one client driving
-            every row at its credits needs (:func:`chunks_to_drive`), or an even
-            share of an explicit ``slab_slots``. Quotas may not over-commit the
-            slab (quota x max_clients <= slab_slots), so a client that holds all
-            its slots stalls only itself, nor hold fewer chunks than every row's
-            credits, so one client can drive every session at full rate.
-        credits: each session's default credits: how many of its chunks may be
-            emitted and not yet released before it waits for its client (a
-            client may ask for other credits per attach).
-        pace_hz: target steps per second; 0 steps as fast as possible.
-        wait_policy: how an idle daemon waits for requests.
-        idle_limit_s: a client that consumes nothing this long while its
-            sessions wait has them detached, and is told why.
-        model_settings: extra keyword arguments for the model's factory.
-        device: where the model computes, ``cpu``, ``cuda`` or ``cuda:N`` (one
-            daemon per GPU); None leaves it to the model. Given, it is passed to
-            the model's factory as ``device``.
-        metrics_port: serve Prometheus metrics at http://127.0.0.1:PORT/metrics
-            (0: any free port, said in the ready line); None: not served.
-        input_slots: slots of the input slab, through which clients lend large
-            inputs (frames, images) by reference; None: ``max_sessions + 2``
-            (at least 4) per client, so that every session may hold a frame
-            and replace it; 0: none. Each client may hold an even share.
-        input_slot_kib: each input slot's size (the largest input one carries).
-        engines: engines this daemon serves, each of ``max_sessions`` rows, sessions
-            routed over them (a ReplicaEngine): for models that cannot batch.
-        admission: ``realtime`` (a paced daemon refuses an attach past its
-            real-time capacity) or ``rows`` (only the rows limit: the old rule).
-        realtime_margin: the share of the period a turn's predicted cost leaves free.
+    Each field says what it is in its :func:`~rte.ipc.sources.setting` help, the
+    one text ``rte serve --help`` prints; ``RTE_*`` and TOML read the same
+    fields (:mod:`rte.ipc.sources`). What the sizes left out follow from is
+    the module's docstring: quotas never over-commit the slab (quota x
+    max_clients <= slab_slots), so a client that holds all its slots stalls
+    only itself, nor hold fewer chunks than every row's credits, so one client
+    can drive every session at full rate.
     """
 
-    name: str
-    model: str = "reference"
-    max_sessions: int = 8
-    max_clients: int = 8
-    ring_kib: int | None = None
-    slab_slots: int | None = None
-    quota: int = 0
-    credits: int = DEFAULT_CREDITS
-    pace_hz: float = 0.0
-    wait_policy: str = "spin-then-block"
-    idle_limit_s: float = 30.0
-    model_settings: Mapping[str, Any] | None = None
-    device: str | None = None
-    metrics_port: int | None = None
-    input_slots: int | None = None
-    input_slot_kib: int = 1024
-    engines: int = 1
-    admission: str = "realtime"
-    realtime_margin: float = 0.1
+    name: str = setting(help="the daemon's name (clients connect by it)")
+    model: str = setting("reference", f"short name or module:factory; {model_choices()}")
+    model_settings: Mapping[str, Any] | None = setting(
+        None,
+        "a keyword argument of the model's factory (repeatable; numbers and true/false "
+        "are typed), e.g. --model-setting cost=2 for the world model",
+        flag="model-setting",
+    )
+    device: str | None = setting(
+        None,
+        "where the model computes: cpu, cuda or cuda:N (one daemon per GPU; "
+        "default: the model's own choice)",
+    )
+    max_sessions: int = setting(8, "rows of the engine's arena")
+    engines: int = setting(
+        1,
+        "engines of the model in this daemon, each of --max-sessions rows, sessions "
+        "routed over them (for models that cannot batch)",
+    )
+    max_clients: int = setting(8, "client processes at once")
+    ring_kib: int | None = setting(
+        None, "each client ring's size (default: a step of every row, at least 256)"
+    )
+    slab_slots: int | None = setting(
+        None,
+        "chunks in flight in all (default: every client's quota, so that each may "
+        "drive every session at full rate)",
+    )
+    quota: int = setting(
+        0,
+        "slots one client may hold (0: every row's credits plus one in flight, or an "
+        "even share of --slab-slots)",
+    )
+    credits: int = setting(
+        DEFAULT_CREDITS,
+        "chunks a session may have emitted and not released before it waits for its "
+        "client (a client may ask for others per attach)",
+    )
+    pace_hz: float = setting(0.0, "steps per second (0: flat out)")
+    admission: str = setting(
+        "realtime",
+        "realtime: a paced daemon refuses an attach past the sessions its pace holds "
+        "(measured); rows: only --max-sessions limits admission",
+        choices=ADMISSIONS,
+    )
+    realtime_margin: float = setting(0.1, "share of the period kept free at admission")
+    wait_policy: str = setting(
+        "spin-then-block",
+        "how an idle daemon waits",
+        choices=tuple(policy.value for policy in WaitPolicy),
+    )
+    idle_limit_s: float = setting(30.0, "detach the sessions of a stalled client")
+    metrics_port: int | None = setting(
+        None, "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)"
+    )
+    input_slots: int | None = setting(
+        None,
+        "slots through which clients lend large inputs by reference (default "
+        "max-sessions + 2 per client, at least 4; 0: none)",
+    )
+    input_slot_kib: int = setting(1024, "the largest input one input slot carries")
 
     def __post_init__(self) -> None:
         try:
@@ -142,8 +156,10 @@ class Settings:
             )
         if not self.idle_limit_s > 0:
             raise ConfigurationError(f"--idle-limit-s {self.idle_limit_s}: must be more than 0")
-        if self.admission not in ("realtime", "rows"):
-            raise ConfigurationError(f"--admission {self.admission!r}: one of realtime, rows")
+        if self.admission not in ADMISSIONS:
+            raise ConfigurationError(
+                f"--admission {self.admission!r}: one of {', '.join(ADMISSIONS)}"
+            )
         if not 0 <= self.realtime_margin < 1:
             raise ConfigurationError(
                 f"--realtime-margin {self.realtime_margin}: a share of the period, 0 to below 1"
