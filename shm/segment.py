@@ -1,12 +1,11 @@
 """Segment: a named POSIX shared-memory region with a versioned header.
 
-Created mode 0600 and fully backed at creation (``posix_fallocate``), so a
+Created mode 0600 and fully backed at creation (:mod:`shm.backing`), so a
 ``/dev/shm`` too small for it is a clear error at start-up, never a SIGBUS in
-the middle of a stream. The first page is the header: magic, layout version, a
-kind tag, the total size, and the creator's pid and start time (pid alone is
-reused by the OS; pid plus start time names one process). The magic is
-published last with a release store, so an opener never sees a half-written
-header. Everything after the first page is the user's.
+the middle of a stream. The first page is the header (:mod:`shm.header`):
+magic, layout version, a kind tag, the total size, and the creator's pid and
+start time. The magic is published last with a release store, so an opener
+never sees a half-written header. Everything after the first page is the user's.
 
 The creator owns unlinking. Every NumPy view of a segment holds a buffer
 export of its mapping (:mod:`shm.views`), so ``close`` never unmaps under a
@@ -19,65 +18,43 @@ shape, count and offset of a view is checked first
 nothing mapped.
 
 Named per user (``/rte.<uid>.<name>``, made by :func:`shm.names.shm_name`):
-another user's daemon of the same name is another segment. Uses posix_ipc,
-never ``multiprocessing.shared_memory``, whose resource tracker unlinks
-segments that other processes still use.
+another user's daemon of the same name is another segment. The file behind
+it (created, backed, mapped with each opener's access) is :mod:`shm.backing`.
 """
 
 from __future__ import annotations
 
-import errno
 import mmap
-import os
-import struct
-import time
 from typing import Any
 
 import numpy as np
-import posix_ipc
-import psutil
 
-from shm import views
-from shm.errors import (
-    ForeignSegmentError,
-    LayoutError,
-    SegmentError,
-    SegmentExistsError,
-    SegmentNotFoundError,
-    SegmentSpaceError,
-    SegmentVersionError,
+from shm import backing, header, views
+from shm.errors import LayoutError, SegmentError
+from shm.header import (
+    HEADER_SIZE,
+    LAYOUT_VERSION,
+    MAGIC,
+    PAGE,
+    Header,
+    is_alive,
+    page_align,
+    process_start_time,
 )
-from shm.names import SHM_DIR, unlink_segment
+from shm.names import unlink_segment
 from shm.native import ffi, lib
 from shm.words import Word
 
-PAGE = mmap.PAGESIZE
-HEADER_SIZE = max(PAGE, 4096)
-LAYOUT_VERSION = 2  # 2: a daemon's clients each have segments of their own
-MAGIC = int.from_bytes(b"rteseg01", "little")
-# magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
-_HEADER = struct.Struct("<QIIQQdd")
-
-
-def page_align(n: int) -> int:
-    return (n + PAGE - 1) // PAGE * PAGE
-
-
-def process_start_time(pid: int) -> float | None:
-    """The start time of process ``pid`` (seconds since the epoch), None if gone."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return float(proc.create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def is_alive(pid: int, start_time: float) -> bool:
-    """Whether the process that had ``pid`` and ``start_time`` still runs."""
-    now = process_start_time(pid)
-    return now is not None and abs(now - start_time) < 0.05
+__all__ = [
+    "HEADER_SIZE",
+    "LAYOUT_VERSION",
+    "MAGIC",
+    "PAGE",
+    "Segment",
+    "is_alive",
+    "page_align",
+    "process_start_time",
+]
 
 
 class Segment:
@@ -100,12 +77,12 @@ class Segment:
         self.closed = False  # a plain attribute: the hot paths read it
         self._caches: list[dict[Any, Any]] = []  # view_cache()s, emptied by close
         self._base: Any = ffi.from_buffer("char[]", mapping, require_writable=not readonly)
-        _, _, kind, size, pid, start, created = _HEADER.unpack_from(mapping, 0)
-        self.kind = kind
-        self.size = size
-        self.creator_pid = pid
-        self.creator_start = start
-        self.created = created
+        read = Header.read(mapping)
+        self.kind = read.kind
+        self.size = read.size
+        self.creator_pid = read.creator_pid
+        self.creator_start = read.creator_start
+        self.created = read.created
 
     # -- lifecycle --------------------------------------------------------
 
@@ -113,22 +90,8 @@ class Segment:
     def create(cls, name: str, size: int, *, kind: int = 0) -> Segment:
         """Create segment ``name`` of ``size`` bytes in all (header included), backed now."""
         size = page_align(max(size, HEADER_SIZE))
-        try:
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
-        except posix_ipc.ExistentialError:
-            raise SegmentExistsError(f"shared-memory segment {name} already exists") from None
-        try:
-            _reserve(shm.fd, size, name)
-            mapping = mmap.mmap(shm.fd, size)
-        except BaseException:
-            unlink_segment(name)
-            raise
-        finally:
-            shm.close_fd()
-        me = psutil.Process()
-        _HEADER.pack_into(
-            mapping, 0, 0, LAYOUT_VERSION, kind, size, me.pid, me.create_time(), time.time()
-        )
+        mapping = backing.create(name, size)
+        header.write(mapping, kind, size)
         segment = cls(name, mapping, owner=True)
         # release: the header is whole before an opener can see the magic;
         # pairs with the acquire in open
@@ -157,38 +120,13 @@ class Segment:
             SegmentError: it belongs to another user (permission denied).
             ForeignSegmentError, SegmentVersionError: not one of ours, or another layout.
         """
-        split = writable_below is not None
+        mappings = backing.map_existing(name, readonly, writable_below)
         try:
-            shm = posix_ipc.SharedMemory(name, read_only=readonly or split)
-            prefix = posix_ipc.SharedMemory(name) if split and not readonly else None
-        except posix_ipc.ExistentialError:
-            raise SegmentNotFoundError(f"no shared-memory segment {name}") from None
-        except posix_ipc.PermissionsError:
-            raise SegmentError(
-                f"{name} belongs to another user (permission denied); daemons are per user"
-            ) from None
-        mappings: list[mmap.mmap] = []
-        try:
-            actual = os.fstat(shm.fd).st_size
-            if actual < HEADER_SIZE:
-                raise ForeignSegmentError(
-                    f"{name} is not an rte segment ({actual} bytes, smaller than a header)"
-                )
-            access = mmap.ACCESS_READ if readonly or split else mmap.ACCESS_WRITE
-            mappings.append(mmap.mmap(shm.fd, actual, access=access))
-            if prefix is not None:
-                assert writable_below is not None
-                size = min(page_align(max(writable_below, HEADER_SIZE)), actual)
-                mappings.append(mmap.mmap(prefix.fd, size, access=mmap.ACCESS_WRITE))
-            return cls._checked(name, mappings, actual, kind, readonly)
+            return cls._checked(name, mappings, len(mappings[0]), kind, readonly)
         except BaseException:
             for mapping in mappings:
                 mapping.close()
             raise
-        finally:
-            shm.close_fd()
-            if prefix is not None:
-                prefix.close_fd()
 
     @classmethod
     def _checked(
@@ -200,20 +138,7 @@ class Segment:
             magic = lib.shm_load_acquire(ffi.cast("uint64_t *", base))  # pairs with create
         finally:
             ffi.release(base)
-        _, version, seg_kind, size, *_ = _HEADER.unpack_from(mapping, 0)
-        if magic != MAGIC:
-            raise ForeignSegmentError(
-                f"{name} is not an rte segment, or its creator has not finished writing it"
-            )
-        if version != LAYOUT_VERSION:
-            raise SegmentVersionError(
-                f"{name} has layout version {version}; this rte reads version {LAYOUT_VERSION}. "
-                "Stop the daemon that made it, or use the rte version it runs."
-            )
-        if size != actual:
-            raise ForeignSegmentError(f"{name} header says {size} bytes but the file has {actual}")
-        if kind is not None and seg_kind != kind:
-            raise ForeignSegmentError(f"{name} is a segment of kind {seg_kind}, expected {kind}")
+        header.check(name, magic, Header.read(mapping), actual, kind)
         if len(mappings) == 2:  # the writable prefix for ptr/word, the whole read-only
             return cls(name, mappings[1], owner=False, whole=mapping)
         return cls(name, mapping, owner=False, readonly=readonly)
@@ -372,29 +297,3 @@ class Segment:
     def address(self) -> int:
         """The mapping's address in this process (to prove a view shares it)."""
         return int(ffi.cast("uintptr_t", self.ptr(0)))
-
-
-def _reserve(fd: int, size: int, name: str) -> None:
-    free = _free_bytes()
-    if free is not None and free < size:
-        raise SegmentSpaceError(
-            f"{name} needs {size:,} bytes but {SHM_DIR} has {free:,} free; make /dev/shm "
-            "larger (Docker: --shm-size) or ask for fewer slots or smaller rings"
-        )
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise SegmentSpaceError(
-                f"{name} needs {size:,} bytes and {SHM_DIR} could not back them ({exc.strerror}); "
-                "make /dev/shm larger (Docker: --shm-size)"
-            ) from None
-        raise
-
-
-def _free_bytes() -> int | None:
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize

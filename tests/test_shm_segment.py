@@ -37,9 +37,10 @@ from shm import (
     check_rc,
     shm_name,
 )
+from shm.backing import free_bytes
 from shm.names import SHM_DIR, objects, unlink_objects, unlink_segment
 from shm.native import ffi, lib
-from shm.segment import HEADER_SIZE, _free_bytes
+from shm.segment import HEADER_SIZE
 
 # every error status of enum shm_status and the class check_rc must raise for it
 RAISES: dict[str, type[Exception]] = {
@@ -166,7 +167,7 @@ def test_foreign_and_old_version_segments_are_refused(shm_prefix: str) -> None:
 
 
 def test_too_small_dev_shm_is_a_clear_error_and_leaves_nothing(shm_prefix: str) -> None:
-    free = _free_bytes()
+    free = free_bytes()
     assert free is not None
     name = shm_name(shm_prefix, "huge")
     with pytest.raises(SegmentSpaceError, match=r"needs [\d,]+ bytes .* free"):
