@@ -1,7 +1,10 @@
 """shm: the shared-memory transport. It knows nothing of the engine.
 
-- :class:`Segment` — a named POSIX shared-memory region with a versioned header.
-- :class:`Ring` — a lock-free SPSC ring of byte records inside a segment.
+- :class:`Segment` — a named POSIX shared-memory region with a versioned header
+  (:mod:`shm.header`), backed whole at creation (:mod:`shm.backing`).
+- :class:`Ring` — a lock-free SPSC ring of byte records inside a segment;
+  how its consumer waits (:class:`WaitPolicy`, :func:`wait_any`) is
+  :mod:`shm.waiting`.
 - :class:`Doorbell` — the semaphore a sleeping ring consumer is woken by;
   :class:`~shm.fifo.FifoBell` the same as a FIFO, for an event loop.
 - :class:`Slab` — fixed slots written once and read in place as NumPy views:
@@ -9,9 +12,11 @@
   ring; the reader's :class:`Sample` is released when read. A step's slots
   for one reader go as one :class:`BatchLoan` / :class:`BatchSample`
   (:mod:`shm.batch`): one call each to take, publish, check and release;
-  :func:`one_run` says whether slots are one run, for every side. Every view
-  holds its mapping (a segment's ``close`` never unmaps under one), and every
-  layout is checked first (:class:`LayoutError`).
+  :func:`one_run` says whether slots are one run, for every side, asked once
+  per batch (:attr:`BatchLoan.contiguous`). Both sides stand on one core,
+  :class:`~shm.slab_core.SlabCore`. Every view holds its mapping (a segment's
+  ``close`` never unmaps under one), and every layout is checked first
+  (:class:`LayoutError`).
 - :mod:`shm.names` — the names of shared objects (:func:`shm_name`), and the
   listing and removal of a prefix's objects.
 - :class:`NameLock` — one live process at a time owns a name; the kernel lets

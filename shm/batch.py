@@ -184,6 +184,9 @@ def loan_batch(
     )
     if rc < 0:
         check_rc(rc, f"{slab.loan_where(owner)}; asked for {n} at once")
+    # rc 1 says the C took a run on purpose; whether the slots are one run is still
+    # one_run's to say (BatchLoan asks it once): slots a racing release freed can
+    # form a run the C took one by one
     return BatchLoan(slab, owner, slots, generations, dtype, shape)
 
 
