@@ -24,7 +24,6 @@ The sizes left out follow from the others, so the defaults never throttle:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,16 +31,15 @@ from typing import Any
 
 from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
+from rte.ipc import footprint
 from rte.ipc.sources import setting
 from rte.models import model_choices
-from rte.protocol.control import MAX_CLIENTS, MAX_SESSIONS, Layout
+from rte.protocol.control import MAX_CLIENTS, MAX_SESSIONS
 from rte.protocol.names import DaemonNames
 from rte.protocol.requests import DEFAULT_CREDITS
 from rte.protocol.wire import MAX_CREDITS, STEP_AT, STEP_ROW_BYTES
-from shm import Slab, WaitPolicy
-from shm.names import SHM_DIR
+from shm import WaitPolicy
 from shm.ring import max_record
-from shm.segment import HEADER_SIZE
 
 MIN_RING_KIB = 4
 DEFAULT_RING_KIB = 256
@@ -276,47 +274,14 @@ class Settings:
         return self.input_slots
 
     def segment_bytes(self, chunk_bytes: int) -> dict[str, int]:
-        """The bytes of each shared segment these settings make, for chunks of
-        ``chunk_bytes`` (the model's manifest says: ``latent_nbytes``)."""
-        n = self.max_clients
-        sizes = {
-            "slab": HEADER_SIZE + Slab.footprint(HEADER_SIZE, self.slab_slot_count, chunk_bytes, n),
-            "control": Layout(n, self.ring_capacity, self.rows).shared_bytes,
-        }
-        share = self.input_slab_slots // n
-        if share:  # each client's share in a segment of its own
-            one = HEADER_SIZE + Slab.footprint(HEADER_SIZE, share, self.input_slot_kib * 1024, 1)
-            sizes["inputs"] = n * one
-        return sizes
+        """The bytes of each shared segment, for chunks of ``chunk_bytes``
+        (:func:`rte.ipc.footprint.segment_bytes`)."""
+        return footprint.segment_bytes(self, chunk_bytes)
 
     def check_memory(self, chunk_bytes: int, free: int | None = None) -> None:
-        """ConfigurationError when the segments need more than ``free`` bytes
-        (None: what ``/dev/shm`` has free), saying which options to lower."""
-        if free is None:
-            try:
-                stat = os.statvfs(SHM_DIR)
-            except OSError:  # no /dev/shm to ask: creating the segments will say
-                return
-            free = stat.f_bavail * stat.f_frsize
-        sizes = self.segment_bytes(chunk_bytes)
-        total = sum(sizes.values())
-        if total <= free:
-            return
-        largest = max(sizes, key=sizes.__getitem__)
-        fix = {
-            "slab": f"fewer --max-clients, --max-sessions{self._engines and ', --engines'} "
-            f"or --credits (the slab holds {self.slab_slot_count:,} chunks of "
-            f"{chunk_bytes:,} B: every client's sessions' credits)",
-            "control": "fewer --max-clients or a smaller --ring-kib",
-            "inputs": f"fewer --input-slots ({self.input_slab_slots:,}) or a smaller "
-            "--input-slot-kib (--input-slots 0: none)",
-        }[largest]
-        parts = ", ".join(f"{part} {_size(size)}" for part, size in sizes.items())
-        raise ConfigurationError(
-            f"these settings need {_size(total)} of shared memory ({parts}) but {SHM_DIR} "
-            f"has {_size(free)} free; ask for {fix}, or make {SHM_DIR} larger "
-            "(Docker: --shm-size)"
-        )
+        """ConfigurationError when ``/dev/shm`` cannot hold the segments
+        (:func:`rte.ipc.footprint.check_memory`)."""
+        footprint.check_memory(self, chunk_bytes, free)
 
 
 def _ring_bytes(rows: int) -> int:
@@ -325,15 +290,6 @@ def _ring_bytes(rows: int) -> int:
     while max_record(capacity) < largest:
         capacity *= 2
     return capacity
-
-
-def _size(n: int) -> str:
-    """``n`` bytes for people: 12.0 KiB, 2.4 TiB."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    exponent = 0
-    while n >= 1024 ** (exponent + 1) and exponent < len(units) - 1:
-        exponent += 1
-    return f"{n / 1024**exponent:.1f} {units[exponent]}"
 
 
 def _at_least(option: str, value: int, low: int, why: str = "") -> None:
