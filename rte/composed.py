@@ -8,9 +8,9 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
 * **Arming.** New rows wait as pending until ``seed_ready(pending)``; then
   ``seed`` runs once for the whole pending set on HOT, at a step boundary.
 * **Pipelining.** With ``pipeline_depth_chunks == 2``, DEFERRED decodes chunk
-  N-1 while HOT makes chunk N: the first step emits nothing. In-flight output is
-  held per HOT batch (:class:`~rte.output.InFlight`), so a detach removes only
-  its own row and a due subset decodes only its own rows.
+  N-1 while HOT makes chunk N (:mod:`rte.pipeline`): the first step emits
+  nothing. In-flight output is held per HOT batch (:class:`~rte.output.InFlight`),
+  so a detach removes only its own row and a due subset decodes only its own rows.
 * **The common step.** A due list resolves to a cached plan; the same due list
   again decodes last step's HOT batch whole: no per-row bookkeeping.
 * **Bystander isolation.** A changed heavy key sends its row through ENCODE
@@ -24,6 +24,9 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
   ever emitted stale or twice; a gap in a session's chunk indices marks
   discarded chunks. A failed detach leaves its session attached (to retry). A
   device that stays failed (a sticky CUDA error) ends the engine: :class:`EngineFault`.
+* **Leaving stalls nobody.** A detach waits for no lane: the model forgets the
+  row on HOT, after the HOT work queued for it (only an encode of that row still
+  under way is waited for: it rewrites the row).
 
 Every method is called from one thread, the stepping thread.
 """
@@ -36,18 +39,15 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
-from rte.arena import Plan, Row
+from rte.arena import Arena, Row
 from rte.contract import Action, Manifest, StepResult
 from rte.encodes import Encodes
-from rte.errors import AdmissionError, EngineClosedError, EngineFault, UnknownSessionError
-from rte.lanes import Lane, Lanes, LanesFault, make_lanes
+from rte.errors import AdmissionError, EngineClosedError, EngineFault
+from rte.lanes import Lane, Lanes, make_lanes
 from rte.outcomes import emitted_by_row, report_failed, step_results
-from rte.output import HeapAllocator, InFlight, OutputAllocator
-from rte.stages import Batch, StageModel, check_conditioning, check_session_id
-
-_MISSING = object()
+from rte.output import HeapAllocator, OutputAllocator
+from rte.pipeline import Pipeline
+from rte.stages import StageModel, check_conditioning, check_session_id, check_stages
 
 
 class ComposedEngine:
@@ -72,37 +72,25 @@ class ComposedEngine:
         self._model = model
         self._manifest = model.manifest()
         stages = tuple(model.stages())
-        self._hot = [s for s in stages if s.lane is Lane.HOT]
-        self._deferred = [s for s in stages if s.lane is Lane.DEFERRED]
+        check_stages(model, stages)
         self._encode = [s for s in stages if s.lane is Lane.ENCODE]
         self._heavy = model.heavy_keys()
         self._keys = model.conditioning_keys()
-        if not self._hot or not self._deferred:
-            raise ValueError(
-                f"{type(model).__name__} needs at least one HOT stage (makes the latent) "
-                "and one DEFERRED stage (writes each chunk into its output buffer)"
-            )
-        if self._heavy and not self._encode:
-            raise ValueError(
-                f"{type(model).__name__} declares heavy keys {sorted(self._heavy)} "
-                "but has no ENCODE stage to encode them"
-            )
         self._midrun_attach = midrun_attach
         device = str(getattr(model, "device", "cpu"))
         self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes, device)
         allocator = allocator or self.lanes.output_allocator(self._manifest)
-        self._output = InFlight(allocator or HeapAllocator(self._manifest))
-        self._rows: list[Row | None] = [None] * self._manifest.max_sessions
-        self._age = np.zeros(self._manifest.max_sessions, np.int64)  # chunks generated, per row
-        self._by_session: dict[str, Row] = {}
+        self._arena = Arena(self._manifest.max_sessions)
+        self._pipeline = Pipeline(
+            self.lanes,
+            stages,
+            self._manifest,
+            self._arena,
+            allocator or HeapAllocator(self._manifest),
+        )
         self._quiet = True  # no row pending, encoding or with a heavy change staged
-        self._gen = 0  # bumped by attach, detach, arming and encodes: a cached plan is stale
-        self._conditioning_gen = 0  # bumped by every change of a row's conditioning
-        self._plan: Plan | None = None
         self._closed = False
-        self._fault: LanesFault | None = None  # the device failed: every call refused
-        self._failed: dict[str, str] = {}  # detached by their own failure, not yet told: why
-        self._encodes = Encodes(self.lanes, self._encode, self._batch)
+        self._encodes = Encodes(self.lanes, self._encode, self._arena.batch)
 
     # -- Level 1 ----------------------------------------------------------
 
@@ -111,79 +99,74 @@ class ComposedEngine:
 
     def attach(self, session: str, conditioning: Mapping[str, Any] | None = None) -> None:
         self._check_open()
-        if session in self._by_session:
+        arena = self._arena
+        if session in arena.by_session:
             return
-        if not self._midrun_attach and any(r.armed for r in self._by_session.values()):
+        if not self._midrun_attach and any(r.armed for r in arena.by_session.values()):
             raise AdmissionError(
                 f"session {session!r} refused: this engine admits no arrivals while a cohort "
                 "runs (midrun_attach=False); retry once every session has detached"
             )
-        free = next((i for i, r in enumerate(self._rows) if r is None), None)
+        free = arena.first_free()
         if free is None:
             raise AdmissionError(
-                f"session {session!r} refused: all {len(self._rows)} rows are in use; "
+                f"session {session!r} refused: all {len(arena.rows)} rows are in use; "
                 "detach a session or retry later"
             )
         check_session_id(session)
         check_conditioning(self._model, self._keys, conditioning or {})
-        self._failed.pop(session, None)  # failed and not detached: it starts again
-        row = Row(free, session, copy.deepcopy(dict(conditioning or {})))
-        self._rows[free] = row
-        self._by_session[session] = row
-        self._age[free] = 0
+        arena.failed.pop(session, None)  # failed and not detached: it starts again
+        arena.take(free, session, copy.deepcopy(dict(conditioning or {})))
         self._quiet = False
-        self._gen += 1
 
     def step(
         self, due: Iterable[str], actions: Mapping[str, Action] | None = None
     ) -> list[StepResult]:
         self._check_open()
+        arena = self._arena
         key = tuple(due)
-        plan = self._plan
-        if plan is not None and plan.gen == self._gen and plan.due == key:
-            rows = plan.rows
-        else:
-            rows = self._resolve(key)
+        rows = arena.due_rows(key)
         rejected = self._apply_all(actions) if actions else {}
         started = time.monotonic_ns()
         try:
             if not self._quiet:
                 self._arm()
                 self._settle_encodes()
-                if self._failed:  # a row whose own seed or encode failed this step left
-                    rows = [r for r in rows if r.session not in self._failed]
+                if arena.failed:  # a row whose own seed or encode failed this step left
+                    rows = [r for r in rows if r.session not in arena.failed]
                 if self._encodes.start(rows):
-                    self._gen += 1
-                self._quiet = not any(not r.armed or r.encoding or r.staged for r in self._live())
-            plan = self._plan_for(key, rows, rejected)
-            decoded = self._advance(plan, started)
+                    arena.gen += 1
+                self._quiet = not any(not r.armed or r.encoding or r.staged for r in arena.live())
+            plan = arena.plan(key, rows, rejected)
+            decoded = self._pipeline.advance(plan, started)
         except BaseException:
-            self._fail()
+            self._pipeline.fail()
             raise
-        self._output.emitted()
-        results = step_results(plan, decoded, rejected, self._age, started)
-        if self._failed:
-            return report_failed(self._failed, key, results, started)
+        self._pipeline.output.emitted()
+        results = step_results(plan, decoded, rejected, arena.age, started)
+        if arena.failed:
+            return report_failed(arena.failed, key, results, started)
         return results
 
     def finalize(self, sessions: Iterable[str] | None = None) -> list[StepResult]:
         self._check_open()
-        rows = self._resolve(sessions) if sessions is not None else self._live()
+        pipeline = self._pipeline
+        rows = self._arena.resolve(sessions) if sessions is not None else self._arena.live()
         try:
-            decoded = self._decode_batches(self._output.take([r.index for r in rows]))
+            decoded = pipeline.decode(pipeline.output.take([r.index for r in rows]))
         except BaseException:
-            self._fail()
+            pipeline.fail()
             raise
-        self._output.emitted()
+        pipeline.output.emitted()
         emitted = emitted_by_row(decoded, time.monotonic_ns())
         return [emitted[r.index] for r in rows if r.index in emitted]
 
     def detach(self, session: str) -> None:
         self._check_open()
-        if self._failed.pop(session, None) is not None:  # its row went when it failed
-            self._gen += 1  # a plan that named it is stale: it is unknown from now on
+        if self._arena.failed.pop(session, None) is not None:  # its row went when it failed
+            self._arena.gen += 1  # a plan that named it is stale: it is unknown from now on
             return
-        row = self._lookup(session)
+        row = self._arena.lookup(session)
         if row.armed:
             # No lane is waited for: the model forgets the row on HOT, after the HOT
             # work queued for it; DEFERRED reads only batches' carries, never rows. Only
@@ -197,37 +180,32 @@ class ComposedEngine:
             except BaseException:
                 # The session stays attached (the model may still hold it); the
                 # other rows' in-flight chunks are sound and are kept.
-                self._drain(quiet=True)
+                self._pipeline.drain(quiet=True)
                 raise
         self._free(row)
 
     def check_action(self, session: str, action: Action) -> None:
         """Raise now what ``step`` would refuse this action for (unknown session,
         malformed conditioning), so a host can answer its sender at once."""
-        self._lookup(session)
+        self._arena.lookup(session)
         check_conditioning(self._model, self._keys, action.conditioning)
 
     # -- introspection ----------------------------------------------------
 
     def sessions(self) -> dict[str, int]:
         """Attached sessions and the row each holds."""
-        return {s: r.index for s, r in self._by_session.items()}
+        return {s: r.index for s, r in self._arena.by_session.items()}
 
     def age(self, session: str) -> int:
         """Chunks the session has generated (emitted or in flight)."""
-        return int(self._age[self._lookup(session).index])
+        return int(self._arena.age[self._arena.lookup(session).index])
 
     def close(self) -> None:
         """Wait for every lane and refuse further calls. Sessions are not detached."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self.lanes.close()
-        except LanesFault as fault:
-            if self._fault is None:  # first seen now: say it as everywhere else
-                self._fault = fault
-                raise EngineFault(f"the engine's device failed: {fault}") from fault
+        self._pipeline.close()
 
     def __enter__(self) -> ComposedEngine:
         return self
@@ -235,13 +213,13 @@ class ComposedEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the step body ----------------------------------------------------
+    # -- arming, encodes and a session's own failure ------------------------
 
     def _arm(self) -> None:
-        pending = [r for r in self._live() if not r.armed]
+        pending = [r for r in self._arena.live() if not r.armed]
         if not pending or not self._model.seed_ready([r.index for r in pending]):
             return
-        self._gen += 1
+        self._arena.gen += 1
         failure = self._seed(pending)
         if failure is None:
             return
@@ -255,7 +233,7 @@ class ComposedEngine:
         """Seed ``rows`` on HOT and arm them; what the seed raised, if it failed."""
         try:
             conditioning = [r.conditioning for r in rows]
-            self.lanes.run(Lane.HOT, self._model.seed, self._batch(rows, conditioning))
+            self.lanes.run(Lane.HOT, self._model.seed, self._arena.batch(rows, conditioning))
         except Exception as exc:
             return exc
         for r in rows:
@@ -263,10 +241,10 @@ class ComposedEngine:
         return None
 
     def _settle_encodes(self) -> None:
-        settled, failed = self._encodes.settle(self._live())
+        settled, failed = self._encodes.settle(self._arena.live())
         if settled:
-            self._gen += 1
-            self._conditioning_gen += 1
+            self._arena.gen += 1
+            self._arena.conditioning_gen += 1
         for row, why in failed:
             self._drop_failed(row, why)
 
@@ -277,99 +255,20 @@ class ComposedEngine:
             self.lanes.wait(Lane.HOT, self.lanes.mark(Lane.ENCODE))
             self.lanes.run(Lane.HOT, self._model.detach, row.index)
         self._free(row)
-        self._failed[row.session] = f"session {row.session!r} failed, its row freed: {why}"
+        self._arena.failed[row.session] = f"session {row.session!r} failed, its row freed: {why}"
 
     def _free(self, row: Row) -> None:
-        del self._by_session[row.session]
-        self._rows[row.index] = None
-        self._output.drop(row.index)  # its in-flight chunk goes with it
+        self._arena.release(row)
+        self._pipeline.output.drop(row.index)  # its in-flight chunk goes with it
         self._encodes.forget(row)
-        self._gen += 1
 
-    def _plan_for(self, due: tuple[str, ...], rows: list[Row], rejected: dict[str, str]) -> Plan:
-        if rejected:  # a one-off: the refused rows sit this step out
-            return Plan(due, -1, rows, [r for r in rows if r.session not in rejected])
-        plan = self._plan
-        if plan is None or plan.gen != self._gen or plan.due != due:
-            plan = self._plan = Plan(due, self._gen, rows, rows)
-        return plan
-
-    def _advance(self, plan: Plan, started: int) -> list[Batch]:
-        """Run HOT on the plan's hot rows; return the batches decoded this step.
-        Pipelined, DEFERRED(N-1) is issued before HOT(N): on streams they overlap."""
-        if not self._manifest.pipelined:
-            hot = self._hot_batch(plan, started)
-            return self._decode_batches([hot] if hot is not None else [])
-        # A batch held under this very plan was made by the last step that ran it, which
-        # took every other in-flight chunk of these rows; whatever could change that since
-        # (attach, detach, arming, encodes) replaced the plan. Whole, it is all there is.
-        taken = self._output.take_newest(plan) or self._output.take([r.index for r in plan.active])
-        decoded = self._decode_batches(taken, publish=False)
-        hot = self._hot_batch(plan, started)
-        if hot is not None:
-            self._output.hold(hot, plan)
-        if decoded:
-            self.lanes.publish()
-        return decoded
-
-    def _hot_batch(self, plan: Plan, started: int) -> Batch | None:
-        """Issue HOT for the plan's hot rows (None when none is hot)."""
-        if not plan.hot:
-            return None
-        if plan.conditioning_gen != self._conditioning_gen:
-            plan.conditioning = [r.conditioning for r in plan.hot]
-            plan.conditioning_gen = self._conditioning_gen
-        ages = self._age[plan.hot_at]
-        chunks: list[int] = ages.tolist()
-        hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
-        hot.generated_ns = started
-        for stage in self._hot:
-            self.lanes.run(Lane.HOT, stage.fn, hot)
-        hot.ready = self.lanes.mark(Lane.HOT)
-        self._age[plan.hot_at] = ages + 1
-        return hot
-
-    def _decode_batches(self, batches: list[Batch], *, publish: bool = True) -> list[Batch]:
-        for batch in batches:
-            self._output.allocate(batch)
-            self.lanes.wait(Lane.DEFERRED, batch.ready)
-            whole = batch.source[0] if batch.source is not None else batch
-            self.lanes.hand_over(whole.carry, Lane.DEFERRED)
-            if batch.source is not None:  # its rows of HOT's carry, taken once HOT made it
-                self.lanes.run(Lane.DEFERRED, batch.take_carry, whole)
-            for stage in self._deferred:
-                self.lanes.run(Lane.DEFERRED, stage.fn, batch)
-        if batches and publish:
-            self.lanes.publish()
-        return batches
-
-    def _fail(self) -> None:
-        """The failure boundary: drain every lane, discard all in-flight output."""
-        try:
-            self._drain(quiet=True)
-        finally:
-            self._output.discard()
-
-    def _drain(self, *, quiet: bool = False) -> None:
-        """Wait for every lane; a device that stays failed ends the engine (EngineFault).
-        ``quiet``: another failure is in hand, so one the lanes report once is not raised."""
-        try:
-            self.lanes.drain()
-        except LanesFault as fault:
-            self._fault = fault
-            self._output.discard()
-            why = f"{fault.__cause__ or fault}; nothing more can run on it (start a new process)"
-            raise EngineFault(f"the engine's device failed and stays failed: {why}") from fault
-        except Exception:
-            if not quiet:
-                raise
-
-    # -- helpers ----------------------------------------------------------
+    # -- actions ----------------------------------------------------------------
 
     def _apply_all(self, actions: Mapping[str, Action]) -> dict[str, str]:
         """Apply every well-formed action; return the refused ones (each for its own
         session only) with why: they sit this step out."""
-        rows = [(self._lookup(s), a) for s, a in actions.items() if s not in self._failed]
+        arena = self._arena
+        rows = [(arena.lookup(s), a) for s, a in actions.items() if s not in arena.failed]
         rejected = {}
         for row, action in rows:
             try:
@@ -377,50 +276,14 @@ class ComposedEngine:
             except ValueError as exc:
                 rejected[row.session] = f"action refused: {exc}"
                 continue
-            self._apply(row, action)
+            if row.apply(action.conditioning, self._heavy, self._model.heavy_equal):
+                self._quiet = False
+            arena.conditioning_gen += 1
         return rejected
 
-    def _apply(self, row: Row, action: Action) -> None:
-        conditioning = dict(row.conditioning)  # copy on write: batches hold the old one
-        for key, value in action.conditioning.items():
-            if key not in self._heavy or not row.armed:
-                conditioning[key] = value
-                continue
-            # Compare with the value the row will hold once its queued work is done.
-            effective = conditioning.get(key, _MISSING)
-            if row.encoding is not None and key in row.encoding_values:
-                effective = row.encoding_values[key]
-            if effective is not _MISSING and self._model.heavy_equal(key, effective, value):
-                row.staged.pop(key, None)
-            else:
-                row.staged[key] = copy.deepcopy(value)
-                self._quiet = False
-        row.conditioning = conditioning
-        self._conditioning_gen += 1
-
-    def _batch(self, rows: list[Row], conditioning: list[dict[str, Any]]) -> Batch:
-        """A batch of ``rows`` for seed or ENCODE."""
-        chunks = [int(self._age[r.index]) for r in rows]
-        return Batch([r.index for r in rows], [r.session for r in rows], chunks, conditioning)
-
-    def _live(self) -> list[Row]:
-        return [r for r in self._rows if r is not None]
-
-    def _lookup(self, session: str) -> Row:
-        row = self._by_session.get(session)
-        if row is None:
-            why = f" ({self._failed[session]})" if session in self._failed else ""
-            raise UnknownSessionError(f"session {session!r} is not attached to this engine{why}")
-        return row
-
-    def _resolve(self, sessions: Iterable[str]) -> list[Row]:
-        unique: Iterable[str] = dict.fromkeys(sessions)
-        if self._failed:  # detached when they failed: nothing to step or finalize
-            unique = [s for s in unique if s not in self._failed]
-        return [self._lookup(s) for s in unique]
-
     def _check_open(self) -> None:
-        if self._fault is not None:
-            raise EngineFault(f"the engine's device failed: {self._fault.__cause__ or self._fault}")
+        fault = self._pipeline.fault
+        if fault is not None:
+            raise EngineFault(f"the engine's device failed: {fault.__cause__ or fault}")
         if self._closed:
             raise EngineClosedError("this engine was closed; build a new one")

@@ -164,6 +164,23 @@ class StageModel(abc.ABC):
         return conditioning_equal(a, b)
 
 
+def check_stages(model: StageModel, stages: Sequence[Stage]) -> None:
+    """ValueError unless ``stages`` (``model.stages()``) can make chunks: a HOT stage
+    and a DEFERRED stage, and an ENCODE stage if the model declares heavy keys."""
+    lanes = {s.lane for s in stages}
+    if Lane.HOT not in lanes or Lane.DEFERRED not in lanes:
+        raise ValueError(
+            f"{type(model).__name__} needs at least one HOT stage (makes the latent) "
+            "and one DEFERRED stage (writes each chunk into its output buffer)"
+        )
+    heavy = model.heavy_keys()
+    if heavy and Lane.ENCODE not in lanes:
+        raise ValueError(
+            f"{type(model).__name__} declares heavy keys {sorted(heavy)} "
+            "but has no ENCODE stage to encode them"
+        )
+
+
 def check_conditioning(
     model: StageModel, keys: frozenset[str] | None, conditioning: Mapping[str, Any]
 ) -> None:

@@ -1,0 +1,135 @@
+"""The step body of a ComposedEngine: HOT and DEFERRED on the lanes, and the failure boundary.
+
+:class:`Pipeline` issues a step's work for a :class:`~rte.arena.Plan`: HOT on
+the plan's hot rows (one batch, its marker set after HOT), DEFERRED on the
+batches decoded this step (each waits for its HOT marker, writes into the
+buffers the output side allocates, :mod:`rte.output`), then one ``publish``.
+Pipelined (``pipeline_depth_chunks == 2``), DEFERRED(N-1) is issued before
+HOT(N), so on streams they overlap, and the HOT batch is held until a later
+step or finalize takes its rows. Nothing here waits for a lane but
+``publish``.
+
+The failure boundary is here too: :meth:`Pipeline.fail` drains every lane and
+discards all in-flight output, so nothing is ever emitted stale or twice; a
+device that stays failed (a sticky CUDA error) ends the engine
+(:class:`~rte.errors.EngineFault`), and :attr:`Pipeline.fault` says so from
+then on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rte.arena import Arena, Plan
+from rte.contract import Manifest
+from rte.errors import EngineFault
+from rte.lanes import Lane, Lanes, LanesFault
+from rte.output import InFlight, OutputAllocator
+from rte.stages import Batch, Stage
+
+
+class Pipeline:
+    """Args:
+    lanes: where the stages run.
+    stages: the model's stages (its HOT and DEFERRED ones run here).
+    manifest: the model's (whether it is pipelined).
+    arena: the engine's rows (their ages, their conditioning's generation).
+    allocator: where DEFERRED writes each chunk.
+    """
+
+    def __init__(
+        self,
+        lanes: Lanes,
+        stages: Sequence[Stage],
+        manifest: Manifest,
+        arena: Arena,
+        allocator: OutputAllocator,
+    ) -> None:
+        self.lanes = lanes
+        self.output = InFlight(allocator)
+        self.fault: LanesFault | None = None  # the device failed: every call refused
+        self._hot = [s for s in stages if s.lane is Lane.HOT]
+        self._deferred = [s for s in stages if s.lane is Lane.DEFERRED]
+        self._pipelined = manifest.pipelined
+        self._arena = arena
+
+    def advance(self, plan: Plan, started: int) -> list[Batch]:
+        """Run HOT on the plan's hot rows; return the batches decoded this step."""
+        if not self._pipelined:
+            hot = self._hot_batch(plan, started)
+            return self.decode([hot] if hot is not None else [])
+        # A batch held under this very plan was made by the last step that ran it, which
+        # took every other in-flight chunk of these rows; whatever could change that since
+        # (attach, detach, arming, encodes) replaced the plan. Whole, it is all there is.
+        taken = self.output.take_newest(plan) or self.output.take([r.index for r in plan.active])
+        decoded = self.decode(taken, publish=False)
+        hot = self._hot_batch(plan, started)
+        if hot is not None:
+            self.output.hold(hot, plan)
+        if decoded:
+            self.lanes.publish()
+        return decoded
+
+    def decode(self, batches: list[Batch], *, publish: bool = True) -> list[Batch]:
+        """Issue DEFERRED for ``batches`` (each after its HOT marker), then publish."""
+        for batch in batches:
+            self.output.allocate(batch)
+            self.lanes.wait(Lane.DEFERRED, batch.ready)
+            whole = batch.source[0] if batch.source is not None else batch
+            self.lanes.hand_over(whole.carry, Lane.DEFERRED)
+            if batch.source is not None:  # its rows of HOT's carry, taken once HOT made it
+                self.lanes.run(Lane.DEFERRED, batch.take_carry, whole)
+            for stage in self._deferred:
+                self.lanes.run(Lane.DEFERRED, stage.fn, batch)
+        if batches and publish:
+            self.lanes.publish()
+        return batches
+
+    def _hot_batch(self, plan: Plan, started: int) -> Batch | None:
+        """Issue HOT for the plan's hot rows (None when none is hot)."""
+        if not plan.hot:
+            return None
+        arena = self._arena
+        if plan.conditioning_gen != arena.conditioning_gen:
+            plan.conditioning = [r.conditioning for r in plan.hot]
+            plan.conditioning_gen = arena.conditioning_gen
+        ages = arena.age[plan.hot_at]
+        chunks: list[int] = ages.tolist()
+        hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
+        hot.generated_ns = started
+        for stage in self._hot:
+            self.lanes.run(Lane.HOT, stage.fn, hot)
+        hot.ready = self.lanes.mark(Lane.HOT)
+        arena.age[plan.hot_at] = ages + 1
+        return hot
+
+    def fail(self) -> None:
+        """The failure boundary: drain every lane, discard all in-flight output."""
+        try:
+            self.drain(quiet=True)
+        finally:
+            self.output.discard()
+
+    def drain(self, *, quiet: bool = False) -> None:
+        """Wait for every lane; a device that stays failed ends the engine (EngineFault).
+        ``quiet``: another failure is in hand, so one the lanes report once is not raised."""
+        try:
+            self.lanes.drain()
+        except LanesFault as fault:
+            self.fault = fault
+            self.output.discard()
+            why = f"{fault.__cause__ or fault}; nothing more can run on it (start a new process)"
+            raise EngineFault(f"the engine's device failed and stays failed: {why}") from fault
+        except Exception:
+            if not quiet:
+                raise
+
+    def close(self) -> None:
+        """Wait for every lane and release them; EngineFault if the device failed
+        (and that was not yet said)."""
+        try:
+            self.lanes.close()
+        except LanesFault as fault:
+            if self.fault is None:  # first seen now: say it as everywhere else
+                self.fault = fault
+                raise EngineFault(f"the engine's device failed: {fault}") from fault
