@@ -177,6 +177,7 @@ def test_a_pool_snippet_runs_against_a_pool_started_as_the_docs_say(
                         break
             except EngineGone:
                 pass
+            assert pool.process.poll() is None, pool.said()
             assert time.monotonic() < deadline, pool.said()
             time.sleep(0.2)
         code = snippet.code.replace('connect("pool")', f"connect({name!r})")
