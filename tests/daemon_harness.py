@@ -6,16 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from rte.client import Chunk, EngineClient, ShmClient, connect
-from rte.ipc.childlog import child_log, said
+from rte.client import Chunk, EngineClient, ShmClient
+from rte.launch import LaunchedDaemon
 from rte.protocol.claims import ClaimTable
 from rte.protocol.control import KIND_CLAIMS, KIND_CONTROL, KIND_MAILBOX, Control, DaemonState
 from rte.protocol.mailbox import Mailbox
@@ -27,45 +25,35 @@ from shm.names import SHM_DIR
 TESTS = Path(__file__).resolve().parent
 
 
-class DaemonProcess:
+class DaemonProcess(LaunchedDaemon):
     """``rte serve --name NAME ARGS`` in a child process (tests/ on its path, for
-    models the tests define), its stderr kept in a file."""
+    models the tests define): a :class:`~rte.launch.LaunchedDaemon` whose stop
+    and kill leave its leftovers where they are (a test checks what the daemon
+    itself removed), with what tests do to it besides."""
 
     def __init__(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        command = [sys.executable, "-m", "rte", "serve", "--name", name, *args]
         path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-        environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
-        # stderr to a file, not a pipe: a chatty daemon must never block on a full pipe
-        self._log = child_log()  # lives as long as we do
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=self._log, env=environment
-        )
-        self.stderr = ""
+        super().__init__(name, args, env={**os.environ, "PYTHONPATH": path, **(env or {})})
+        self.stderr = ""  # all it said, once stopped
 
     def client(self, timeout: float = 30.0) -> ShmClient:
+        """A client once it is ready; AssertionError (its words) if it exited."""
         if self.process.poll() is not None:
             raise AssertionError(f"daemon exited with {self.process.returncode}: {self.said()}")
-        client = connect(self.name, timeout=timeout)
+        client = self.connect(timeout)
         assert isinstance(client, ShmClient)
         return client
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = 30.0, *, remove_leftovers: bool = False) -> int:
         """SIGTERM, wait; returns the exit code (kills it if it will not go)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        code = super().stop(timeout, remove_leftovers=remove_leftovers)
         self.stderr = self.said()
-        self._log.close()
-        return self.process.returncode
+        return code
+
+    def kill(self) -> int:
+        code = super().kill()
+        self.stderr = self.said()
+        return code
 
     def burst(self, count: int = 300, sig: int = signal.SIGTERM) -> None:
         """``count`` signals as fast as they go (fewer if it exits meanwhile)."""
@@ -74,18 +62,6 @@ class DaemonProcess:
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=10)
-        self.stderr = self.said()
-        self._log.close()
-
-    def said(self) -> str:
-        """What the daemon has written to stderr so far (all of it once stopped)."""
-        if self._log.closed:
-            return self.stderr
-        return said(self._log)
 
 
 def take(client: EngineClient, session: str, n: int, timeout: float = 20.0) -> list[Chunk]:

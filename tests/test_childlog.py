@@ -7,7 +7,7 @@ import sys
 
 from daemon_harness import Deadline
 
-from rte.ipc.childlog import child_log, said
+from rte.launch.childlog import child_log, said
 
 LINES = 3000
 

@@ -70,7 +70,7 @@ def test_demo_streams_writes_its_png_and_leaves_nothing(tmp_path: Path) -> None:
 def test_demo_with_a_model_that_does_not_exist_says_so_at_once() -> None:
     started = time.monotonic()
     done = rte_command("demo", "--model", "bogus")
-    one_line_error(done, 1, "the daemon did not start", "--model bogus")
+    one_line_error(done, 1, "did not start (exit 2)", "--model bogus")
     assert time.monotonic() - started < 30  # not connect's 60 s timeout
 
 

@@ -1,5 +1,5 @@
 """A daemon launched by another program dies with it, however it dies
-(:mod:`rte.ipc.parentdeath`): real processes, real SIGKILLs. The supervisor's
+(:mod:`rte.launch.parentdeath`): real processes, real SIGKILLs. The supervisor's
 replicas are tested in ``test_supervisor.py``, ``rte play``'s daemon in
 ``test_play.py``; ``rte demo``'s and the helper itself here."""
 
@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from rte.ipc.inspect import summary
-from rte.ipc.parentdeath import dies_with
+from rte.launch.parentdeath import dies_with
 from rte.protocol.names import DaemonNames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_a_sigkilled_demo_s_daemon_stops_and_unlinks_everything() -> None:
 LAUNCHER = textwrap.dedent(
     """
     import subprocess, sys, time
-    from rte.ipc.parentdeath import dies_with_this_process
+    from rte.launch.parentdeath import dies_with_this_process
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"],
         preexec_fn=dies_with_this_process(),

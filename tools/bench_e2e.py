@@ -43,22 +43,17 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rte.client import ChunkBatch, EngineClient, connect
+from rte.client import ChunkBatch, EngineClient
 from rte.composed import ComposedEngine
 from rte.contract import Action, StepResult
-from rte.ipc.childlog import child_log, said
+from rte.errors import RteError
+from rte.launch import START_TIMEOUT_S, LaunchedDaemon, Progress, unique_name
 from rte.models.null import NullModel, tag_of
-from rte.protocol.names import DaemonNames
 from tools import report
 
 PACE_HZ = 60.0
@@ -169,9 +164,10 @@ def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> d
 # -- through a daemon ------------------------------------------------------------
 
 
-class Daemon:
-    """``rte serve --model MODEL [ARGS]`` in a child process (a later option wins);
-    :meth:`close` stops it and removes its shared memory, whatever state it is in."""
+class Daemon(LaunchedDaemon):
+    """``rte serve --model MODEL [ARGS]`` with the benchmark's rows, clients, slots
+    and quota (a later option wins); :meth:`close` stops it and removes its shared
+    memory, whatever state it is in."""
 
     def __init__(
         self,
@@ -181,31 +177,23 @@ class Daemon:
         model: str = "null",
         args: Sequence[str] = (),
     ) -> None:
-        self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        command = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", model]
-        command += ["--max-sessions", str(sessions), "--max-clients", "2"]
-        command += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
-        command += [*(["--pace-hz", str(pace_hz)] if pace_hz else []), *args]
-        self.log = child_log()  # closed by close()
-        self.process = subprocess.Popen(command, stderr=self.log)
+        options = ["--model", model, "--max-sessions", str(sessions), "--max-clients", "2"]
+        options += ["--slab-slots", str(4 * sessions + 8), "--quota", str(2 * sessions + 4)]
+        options += [*(["--pace-hz", str(pace_hz)] if pace_hz else []), *args]
+        super().__init__(unique_name(prefix), options)
 
-    def connect(self) -> EngineClient:
+    def connect(
+        self, timeout: float = START_TIMEOUT_S, progress: Progress | None = None
+    ) -> EngineClient:
+        """A client once it is ready; RuntimeError with its last 2000 characters if not."""
         try:
-            return connect(self.name, timeout=60)
-        except Exception as exc:
-            tail = said(self.log)[-2000:]
+            return super().connect(timeout, progress)
+        except RteError as exc:
+            tail = self.said()[-2000:]
             raise RuntimeError(f"the benchmark's daemon did not come up: {exc}\n{tail}") from exc
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
-        DaemonNames(self.name).remove_leftovers()
+        self.stop()
 
 
 def _settle(client: EngineClient, sessions: int) -> int:

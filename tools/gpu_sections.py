@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -82,22 +80,18 @@ def daemon(check: Check) -> dict[str, Any]:
     """Two clients of one daemon, a session each with a move, against the same
     sessions in process on the same device (0 levels) and on the CPU."""
     from rte.client import connect  # noqa: PLC0415
-    from rte.ipc.childlog import child_log  # noqa: PLC0415
-    from rte.ipc.childlog import said as read_log  # noqa: PLC0415
+    from rte.launch import LaunchedDaemon, unique_name  # noqa: PLC0415
 
-    name = f"gpucheck{uuid.uuid4().hex[:8]}"
     sessions = {
         "a": {"prompt": "a lit world", "move": (1, 0)},
         "b": {"prompt": "a dark world", "move": (0, 1)},
     }
-    command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", "torch"]
-    command += ["--device", check.device, "--max-sessions", "4"]
+    options = ["--model", "torch", "--device", check.device, "--max-sessions", "4"]
     env = {**os.environ, "RTE_LANES": "sim"} if check.simulate else None
-    log = child_log()  # closed below
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
+    daemon = LaunchedDaemon(unique_name("gpucheck"), options, env=env)
     served: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
     try:
-        with connect(name, timeout=120) as first, connect(name, timeout=30) as second:
+        with daemon.connect(timeout=120) as first, connect(daemon.name) as second:
             clients = {"a": first, "b": second}
             for session, client in clients.items():
                 client.attach(session, sessions[session])
@@ -109,10 +103,8 @@ def daemon(check: Check) -> dict[str, Any]:
                         with chunk:
                             served[(session, chunk.chunk)] = chunk.latent.copy()
     finally:
-        process.terminate()
-        process.wait(60)
-        said = read_log(log)
-        log.close()
+        daemon.stop(60)
+        said = daemon.said()
     same = run_engine(check, check.device, sessions, steps=10, max_sessions=4)
     cpu = run_engine(check, "cpu", sessions, steps=10, max_sessions=4, lanes="cpu")
     worst, shared = worst_difference(served, same)

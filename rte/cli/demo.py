@@ -7,7 +7,7 @@ steering them, shows per-session chunks/s and chunk latency (generated in the
 daemon to received here), optionally writes a PNG contact sheet of the first
 frames of each walk (labelled by session, prompt and direction), and shuts
 everything down, leaving nothing in /dev/shm. A demo killed any other way,
-SIGKILL included, stops its daemon too (:mod:`rte.ipc.parentdeath`).
+SIGKILL included, stops its daemon too (:class:`rte.launch.LaunchedDaemon`).
 """
 
 from __future__ import annotations
@@ -15,25 +15,21 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rte.cli.options import add_daemon_choice
+from rte.cli.progress import Waiting
 from rte.cli.sheet import contact_sheet, write_png
 from rte.client import EngineClient, connect
-from rte.errors import ConfigurationError, EngineGone
-from rte.ipc.childlog import child_log, last_words
-from rte.ipc.parentdeath import dies_with_this_process
-from rte.protocol.names import DaemonNames
+from rte.errors import ConfigurationError
+from rte.launch import LaunchedDaemon, unique_name
+from rte.launch.daemon import CLEAN_EXITS
 
-START_TIMEOUT_S = 60.0  # a launched daemon's model may take a while to load
 DEFAULT_MODEL = "world"
 PROMPTS = (
     "a forest",
@@ -77,36 +73,26 @@ def demo(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--seconds {args.seconds}: a number of seconds above 0")
     if not 0 <= args.wait < math.inf:
         raise ConfigurationError(f"--wait {args.wait}: 0 (no waiting) or more seconds")
-    name = args.name or f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    daemon, said = None, child_log()
+    daemon = None
     if args.name is None:
-        command = [sys.executable, "-m", "rte", "serve", "--name", name, "--model", args.model]
-        command += ["--max-sessions", str(max(args.sessions, 1))]
-        command += ["--device", args.device] if args.device else []
+        options = ["--model", args.model, "--max-sessions", str(args.sessions)]
+        options += ["--device", args.device] if args.device else []
         # A session of its own: a Ctrl-C at the terminal (SIGINT to the whole
         # foreground process group) reaches the demo alone, which prints its
         # summary and then stops the daemon itself. It dies with us all the same,
         # SIGKILL included (we launch it from the main thread).
-        tie = dies_with_this_process()
-        daemon = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stderr=said,
-            start_new_session=True,
-            preexec_fn=tie,  # noqa: PLW1509 (prctl only: no lock taken)
-        )
+        daemon = LaunchedDaemon(unique_name("demo"), options, own_session=True)
     elif args.wait > 0:
-        print(f"rte demo: waiting up to {args.wait:g} s for daemon {name!r}", file=sys.stderr)
+        print(f"rte demo: waiting up to {args.wait:g} s for daemon {args.name!r}", file=sys.stderr)
     try:
-        with _connect(name, daemon, said, args.wait) as client:
+        with _connect(args.name, daemon, args.wait) as client:
             sheet, interrupted = _stream(client, args.sessions, args.seconds, png is not None)
         if png is not None and sheet is not None:
             write_png(png, sheet)
             print(f"contact sheet: {png} ({sheet.shape[1]}x{sheet.shape[0]})")
     finally:
-        said.close()
         if daemon is not None:
-            _stop(daemon, name)
+            _stop(daemon)
     if interrupted:
         print("rte demo: interrupted; the summary above is of what came before", file=sys.stderr)
         return 130
@@ -119,38 +105,20 @@ def _check_writable(png: Path) -> None:
         raise ConfigurationError(f"--png {png}: cannot write there")
 
 
-def _connect(
-    name: str, daemon: subprocess.Popen[bytes] | None, said: Any, wait: float
-) -> EngineClient:
-    """A client of ``name``: the daemon this demo launched once it is up (if it
-    exits first, its own words, at once), or the one ``--name`` says, running now
-    or within ``--wait``."""
-    if daemon is None:
-        return connect(name, timeout=wait or None)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            return connect(name, timeout=0.25)
-        except EngineGone:
-            if daemon.poll() is not None:
-                raise EngineGone(
-                    f"the daemon did not start (exit {daemon.returncode}): {last_words(said)}"
-                ) from None
-            if time.monotonic() > deadline:
-                raise
+def _connect(name: str | None, daemon: LaunchedDaemon | None, wait: float) -> EngineClient:
+    """A client of the daemon this demo launched once it is up (if it exits first,
+    its own words, at once), or of the one ``--name`` says, running now or within
+    ``--wait``."""
+    if daemon is not None:
+        with Waiting("rte demo") as progress:
+            return daemon.connect(progress=progress)
+    assert name is not None
+    return connect(name, timeout=wait or None)
 
 
-def _stop(daemon: subprocess.Popen[bytes], name: str) -> None:
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        daemon.wait(30)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait(10)
-        DaemonNames(name).remove_leftovers()
-    if daemon.returncode in (0, -signal.SIGTERM):
-        left = DaemonNames(name).leftovers()
-        print(f"daemon stopped; left in /dev/shm: {left or 'nothing'}")
+def _stop(daemon: LaunchedDaemon) -> None:
+    if daemon.stop() in CLEAN_EXITS:  # (killed, its leftovers are removed)
+        print(f"daemon stopped; left in /dev/shm: {daemon.leftovers() or 'nothing'}")
 
 
 def _stream(

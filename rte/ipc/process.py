@@ -1,6 +1,7 @@
-"""The daemon as a process: ``rte serve --name NAME`` runs :func:`serve`.
+"""The daemon as a process: ``rte serve --name NAME`` runs :func:`serve`
+(through :mod:`rte.cli.foreground`, which says on stderr what happens).
 
-This module owns the process's life, nothing else:
+This module owns the process's life, nothing else (it prints nothing):
 
 - **signals first**: SIGTERM/SIGINT are handled before anything is created, and
   the handler only writes a byte to a pipe (:mod:`rte.ipc.signals`: a thread
@@ -23,8 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
@@ -304,27 +303,3 @@ def _owned(stack: contextlib.ExitStack, thing: _Owned) -> _Owned:
                 log.warning("cleanup of %s failed: %s", thing.name, exc)
 
     return thing
-
-
-def run_from_command_line(settings: Settings) -> int:
-    """``rte serve``'s body: exit 0 after a clean stop, 2 when the name is taken."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s rte serve %(levelname)s %(message)s"
-    )
-    try:
-        serve(
-            settings,
-            ready=lambda line: print(f"rte serve: {line}", file=sys.stderr, flush=True),
-            restore_signals=False,
-        )
-    except (DaemonRunningError, ConfigurationError) as exc:  # the name, the model
-        print(f"rte serve: {exc}", file=sys.stderr)
-        return 2
-    except ShmError as exc:  # /dev/shm too small, another user's objects
-        print(f"rte serve: {exc}", file=sys.stderr)
-        return 1
-    finally:  # all is undone: a late signal must not end the exit another way (Python
-        for sig in (signal.SIGTERM, signal.SIGINT):  # resets its own handlers as it exits,
-            signal.signal(sig, signal.SIG_IGN)  # but leaves an ignored signal ignored)
-    print(f"rte serve: {settings.name} stopped; its shared memory is unlinked", file=sys.stderr)
-    return 0

@@ -1,10 +1,11 @@
 """The actors: one :class:`DaemonHost` per GPU (per node here) owning an ``rte serve``
 daemon on its node, and the :class:`Router` that maps sessions to them.
 
-A DaemonHost starts its daemon as a child process, in a session of its own,
-that dies with it (:mod:`rte.ipc.parentdeath`): the kernel sends it SIGTERM
-when the actor's process ends, even by SIGKILL (a node's processes killed at
-once), and it then finalizes its sessions and unlinks its shared memory.
+A DaemonHost starts its daemon as a :class:`~rte.launch.LaunchedDaemon`, in a
+session of its own, that dies with it (:mod:`rte.launch.parentdeath`): the
+kernel sends it SIGTERM when the actor's process ends, even by SIGKILL (a
+node's processes killed at once), and it then finalizes its sessions and
+unlinks its shared memory.
 (Ray would SIGKILL a worker's children with it:
 :func:`rte.ray.cluster.loopback_environment` turns that off, as
 ``RAY_kill_child_processes_on_worker_exit=0`` does for a cluster started by
@@ -22,18 +23,15 @@ attach them again: the router then admits them elsewhere.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from rte.client import ShmClient, connect
+from rte.client import ShmClient
 from rte.errors import AdmissionError
-from rte.ipc.parentdeath import dies_with_this_process
+from rte.launch import LaunchedDaemon
 from rte.protocol.claims import ClientState
 
 HEALTH_EVERY_S = 0.5
@@ -49,15 +47,9 @@ class DaemonHost:
 
         self.name = name
         self.node = ray.get_runtime_context().get_node_id()
-        command = [sys.executable, "-m", "rte", "serve", "--name", name, *args]
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 (prctl only: no lock taken)
-            start_new_session=True,  # a kill of the actor's process group spares it: it cleans up
-        )
-        client = connect(name, timeout=60)
+        # a session of its own: a kill of the actor's process group spares it (it cleans up)
+        self.daemon = LaunchedDaemon(name, args, own_session=True)
+        client = self.daemon.connect()
         assert isinstance(client, ShmClient)
         self.client = client  # for callers on other nodes
         self.owner: dict[str, str] = {}  # session -> the caller it streams to
@@ -66,9 +58,11 @@ class DaemonHost:
     def where(self) -> tuple[str, str]:
         """(daemon name, node id): the health check, too (it fails when the daemon
         has exited, not only when this actor is gone)."""
-        code = self.process.poll()
+        code = self.daemon.process.poll()
         if code is not None:
-            raise RuntimeError(f"daemon {self.name!r} exited with {code}")
+            raise RuntimeError(
+                f"daemon {self.name!r} exited with {code}: {self.daemon.last_words()}"
+            )
         return self.name, self.node
 
     def free_rows(self) -> int:
@@ -116,10 +110,10 @@ class DaemonHost:
         return [(n.session, n.kind.name, n.message) for n in self.client.notices()]
 
     def stop(self) -> int:
-        """Leave and stop the daemon (it finalizes and unlinks); its exit code."""
+        """Leave and stop the daemon (it finalizes and unlinks; killed after a grace
+        period, and what it left removed); its exit code."""
         self.client.close()
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(30)
+        return self.daemon.stop()
 
 
 class Router:

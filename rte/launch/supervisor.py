@@ -13,72 +13,64 @@ settings cannot hold: retrying would not help), with that child's exit code
 and last words. SIGTERM or SIGINT stop every child (each finalizes its
 sessions and unlinks its shared memory) and then the supervisor. A supervisor
 that dies any other way, SIGKILL included, stops them too: each child gets
-SIGTERM from the kernel when it does (:mod:`rte.ipc.parentdeath`; children are
+SIGTERM from the kernel when it does (:mod:`rte.launch.parentdeath`; children are
 started, and restarted, from the main thread, which lives as long as it does).
+Each child is a :class:`~rte.launch.LaunchedDaemon` whose lines are echoed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rte.ipc.parentdeath import dies_with_this_process
 from rte.ipc.signals import StopSignals
-from rte.protocol.names import DaemonNames
+from rte.launch.daemon import LaunchedDaemon
 
 log = logging.getLogger("rte.supervisor")
 BACKOFF_S = (1.0, 30.0)  # first delay, most delay
 STEADY_S = 60.0  # a child that lived this long restarts after the first delay again
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0  # each child's grace after SIGTERM
 
 
 @dataclass
 class Child:
+    """One supervised daemon: ``command`` serves ``name``; :attr:`daemon` is its
+    current run (a new one at each restart)."""
+
     name: str
     command: list[str]
-    process: subprocess.Popen[str] | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-    last_words: str = ""
+    daemon: LaunchedDaemon | None = None
     started: float = 0.0
     delay: float = BACKOFF_S[0]
     restart_at: float | None = None
     restarts: int = 0
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.daemon is not None, f"{self.name} was never started"
+        return self.daemon.process
+
     def start(self) -> None:
-        self.ready.clear()
         self.started = time.monotonic()
         # a child serves alone: RTE_REPLICAS or RTE_DEVICES inherited would make
         # every child a supervisor of its own, without end
         env = {k: v for k, v in os.environ.items() if k not in ("RTE_REPLICAS", "RTE_DEVICES")}
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 (prctl only: no lock taken)
-        )
-        threading.Thread(target=self._forward, name=f"log-{self.name}", daemon=True).start()
+        self.daemon = LaunchedDaemon(self.name, command=self.command, env=env, echo=self._echo)
 
-    def _forward(self) -> None:
-        """Each line the child says, prefixed; its ready line sets :attr:`ready`."""
-        assert self.process is not None and self.process.stderr is not None
-        for line in self.process.stderr:
-            text = line.rstrip("\n")
-            if text:
-                self.last_words = text
-                # one write per line: the log lines of the other threads go whole in between
-                sys.stderr.write(f"[{self.name}] {text}\n")
-                sys.stderr.flush()
-            if text.startswith("rte serve: ready "):
-                self.ready.set()
+    def ready(self) -> bool:
+        return self.daemon is not None and self.daemon.ready_line() is not None
+
+    def _echo(self, text: str) -> None:
+        """Each line the child says, prefixed: one write per line, so the lines of
+        the other children's threads go whole in between."""
+        sys.stderr.write(f"[{self.name}] {text}\n")
+        sys.stderr.flush()
 
 
 def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
@@ -101,7 +93,7 @@ def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
 def ready_line(children: list[Child]) -> str:
     """The supervisor's own pid first (the one to signal: a child killed alone is
     restarted), then its children and theirs."""
-    me, pids = os.getpid(), ",".join(str(c.process.pid) for c in children if c.process)
+    me, pids = os.getpid(), ",".join(str(c.process.pid) for c in children if c.daemon)
     return (
         f"ready pid={me} children={','.join(c.name for c in children)} child_pids={pids} "
         f"(to stop them all: kill {me}; a child killed alone is restarted)"
@@ -111,16 +103,16 @@ def ready_line(children: list[Child]) -> str:
 def _until_ready(children: list[Child], stopping: threading.Event) -> int | None:
     """None once every child is ready; else the code to exit with (a child that
     could not start, or a stop meanwhile)."""
-    while not all(c.ready.is_set() for c in children):
+    while not all(c.ready() for c in children):
         if stopping.is_set():
             return 0
         for child in children:
-            assert child.process is not None
             code = child.process.poll()
-            if code is not None and not child.ready.is_set():
-                time.sleep(0.1)  # its last words are still on their way
+            if code is not None and not child.ready():
+                assert child.daemon is not None
                 print(
-                    f"rte serve: {child.name} did not start (exit {code}): {child.last_words}",
+                    f"rte serve: {child.name} did not start (exit {code}): "
+                    f"{child.daemon.last_words()}",
                     file=sys.stderr,
                 )
                 return code or 1
@@ -133,7 +125,6 @@ def _watch(children: list[Child], stopping: threading.Event) -> None:
     while not stopping.wait(0.2):
         now = time.monotonic()
         for child in children:
-            assert child.process is not None
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.restart_at = None
@@ -143,6 +134,8 @@ def _watch(children: list[Child], stopping: threading.Event) -> None:
             code = child.process.poll()
             if code is None:
                 continue
+            assert child.daemon is not None
+            child.daemon.stop()  # its log closed, what a killed one left removed
             if now - child.started >= STEADY_S:
                 child.delay = BACKOFF_S[0]
             log.warning(
@@ -157,15 +150,9 @@ def _watch(children: list[Child], stopping: threading.Event) -> None:
 
 
 def _stop_all(children: list[Child]) -> None:
-    running = [c for c in children if c.process and c.process.poll() is None]
-    for child in running:
-        assert child.process is not None
-        child.process.send_signal(signal.SIGTERM)
-    for child in running:
-        assert child.process is not None
-        try:
-            child.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait(10)
-            DaemonNames(child.name).remove_leftovers()
+    """SIGTERM to every child at once, then each waited for (killed if it will not go)."""
+    running = [c.daemon for c in children if c.daemon is not None]
+    for daemon in running:
+        daemon.signal_stop()
+    for daemon in running:
+        daemon.stop(STOP_TIMEOUT_S)

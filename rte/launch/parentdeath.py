@@ -7,6 +7,7 @@ for ever with parent pid 1, holding their shared memory. So the child asks the
 kernel, between fork and exec, for ``PR_SET_PDEATHSIG``: SIGTERM when its parent
 dies, which an ``rte serve`` handles from its first instruction (it finalizes its
 sessions and unlinks its shared memory, :mod:`rte.ipc.signals`).
+:class:`rte.launch.LaunchedDaemon` asks for it for every daemon it starts.
 
 Three things make that hold:
 

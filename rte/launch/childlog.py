@@ -32,5 +32,10 @@ def said(log: IO[str]) -> str:
 
 def last_words(log: IO[str], prefix: str = "rte serve: ") -> str:
     """The last line the child wrote (``prefix`` dropped), for a one-line error."""
-    lines = said(log).strip().splitlines() or ["(it said nothing)"]
+    return last_line(said(log), prefix)
+
+
+def last_line(text: str, prefix: str = "rte serve: ") -> str:
+    """The last line of ``text`` (``prefix`` dropped); ``(it said nothing)`` if none."""
+    lines = text.strip().splitlines() or ["(it said nothing)"]
     return lines[-1].removeprefix(prefix)
