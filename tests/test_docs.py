@@ -313,3 +313,38 @@ def test_every_row_of_the_failure_model_names_tests_that_exist() -> None:
         if not path.exists() or (test and not re.search(rf"def {test}\(", path.read_text())):
             missing.append(f"{file}::{test}" if test else file)
     assert missing == [], "the failure model names tests that do not exist"
+
+
+# -- the benchmark tables are generated into their doc --------------------------
+
+
+def test_every_benchmark_table_has_its_place_in_the_benchmarks_doc() -> None:
+    from tools import readme_tables  # noqa: PLC0415
+
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    names = re.findall(r"^<!-- ([\w ]+) -->$", text, re.M)
+    assert names == [name for _, name, _ in readme_tables.TABLES]
+
+
+def test_write_replaces_a_run_s_tables_and_its_line_and_nothing_else(tmp_path: Path) -> None:
+    from tools import bench_engine, readme_tables  # noqa: PLC0415
+
+    run: dict[str, object] = {"machine": "m", "date": "d", "windows": 2}
+    run["engine"] = bench_engine.run([1, 4], steps=20, n_windows=2)
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text((ROOT / "docs" / "benchmarks.md").read_text())
+    before = doc.read_text().splitlines()
+    assert readme_tables.write(doc, run) == ["engine"]
+    after = doc.read_text().splitlines()
+    made = readme_tables.render(run).splitlines()
+    table = made[made.index("<!-- engine -->") : readme_tables._table_span(made, 1)]
+    start = before.index("<!-- engine -->")
+    assert after[start : start + len(table)] == table  # the run's table: rows 1 and 4
+    assert [row.split(" |")[0] for row in table[3:]] == ["| 1", "| 4"]
+    end = readme_tables._table_span(before, start)
+    assert after[start + len(table) :] == before[end:]  # the rest, unchanged
+    line = max(i for i in range(start) if before[i].startswith("<!-- from one"))
+    assert after[line] == made[0] and after[:line] == before[:line]
+    (tmp_path / "other.md").write_text("no tables here\n")
+    with pytest.raises(SystemExit, match="has no '<!-- engine -->'"):
+        readme_tables.write(tmp_path / "other.md", run)

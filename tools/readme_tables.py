@@ -1,11 +1,16 @@
-"""The README's benchmark tables, in markdown, from one ``python -m tools.bench --json`` run.
+"""The tables of docs/benchmarks.md, in markdown, from one ``python -m tools.bench --json`` run.
 
     python -m tools.bench --json > bench.json && python -m tools.readme_tables bench.json
     python -m tools.bench --json | python -m tools.readme_tables      # or from stdin
+    python -m tools.readme_tables bench.json --write docs/benchmarks.md
 
 Prints, for each suite the JSON holds, its tables (engine; e2e flat; e2e
-paced; transport round trip and latent handoff), each after an HTML comment
-naming it, so that every table in the README comes from the same run. A
+paced; transport round trip and latent handoff; the real-time suite's ramp,
+churn, overload and processes), each after an HTML comment naming it, so that
+every table comes from the same run. ``--write FILE`` puts them into FILE
+instead: each table after its comment is replaced (and the ``<!-- from one
+... -->`` line before a suite's first table says which run), and nothing else
+changes, so the prose that reads the tables is for a person to check. A
 figure with a spread shows it as ``±x%`` (half the range over windows, in %
 of the median; see ``tools.report``).
 """
@@ -16,6 +21,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tools.report import fmt_spread
@@ -234,9 +240,58 @@ def render(run: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+FROM_ONE = "<!-- from one "
+
+
+def _table_span(lines: list[str], marker: int) -> int:
+    """The end (exclusive) of the first table after the line ``marker``."""
+    at = marker + 1
+    while at < len(lines) and not lines[at].startswith("|"):
+        at += 1
+    while at < len(lines) and lines[at].startswith("|"):
+        at += 1
+    return at
+
+
+def write(path: Path, run: dict[str, Any]) -> list[str]:
+    """Replace, in the markdown at ``path``, every table ``run`` has a suite for (the
+    lines from its ``<!-- NAME -->`` comment to the end of the table after it) and
+    the run's line before each suite's first table; the names of the tables written.
+
+    Raises:
+        SystemExit: ``path`` has no comment for one of the run's tables.
+    """
+    made = render(run).splitlines()
+    header = made[0]
+    lines = path.read_text().splitlines()
+    written: list[str] = []
+    first_of_suite: set[str] = set()
+    for suite, name, _ in TABLES:
+        if suite not in run:
+            continue
+        marker = f"<!-- {name} -->"
+        if marker not in lines:
+            raise SystemExit(
+                f"readme_tables: {path} has no {marker!r}: add it where the table goes"
+            )
+        at, new_at = lines.index(marker), made.index(marker)
+        lines[at : _table_span(lines, at)] = made[new_at : _table_span(made, new_at)]
+        written.append(name)
+        if suite not in first_of_suite:
+            first_of_suite.add(suite)
+            before = [i for i in range(at) if lines[i].startswith(FROM_ONE)]
+            if before:
+                lines[before[-1]] = header
+    path.write_text("\n".join(lines) + "\n")
+    return written
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", default="-", help="the JSON (default: stdin)")
+    parser.add_argument(
+        "--write", metavar="MARKDOWN", help="replace the tables in this file (docs/benchmarks.md)"
+    )
     args = parser.parse_args(argv)
     if args.file == "-":
         run = json.load(sys.stdin)
@@ -247,6 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             "readme_tables: no suite in this JSON; make it with python -m tools.bench --json"
         )
+    if args.write:
+        names = write(Path(args.write), run)
+        print(f"readme_tables: wrote {', '.join(names)} into {args.write}", file=sys.stderr)
+        return
     sys.stdout.write(render(run))
 
 
