@@ -23,25 +23,6 @@ from rte.contract import Manifest, ResultKind, StepResult, Timing
 from rte.stages import Batch
 
 
-def one_block(buffers: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
-    """``buffers`` as one writable ``(n, *shape)`` array when they lie end to end in
-    memory; else None."""
-    first = buffers[0] if buffers else None
-    if first is None or not first.flags.writeable or not first.flags.c_contiguous:
-        return None
-    step = first.nbytes
-    for i, buffer in enumerate(buffers):
-        if (
-            buffer.ctypes.data != first.ctypes.data + i * step
-            or buffer.shape != first.shape
-            or buffer.dtype != first.dtype
-            or not buffer.flags.c_contiguous
-        ):
-            return None
-    shape, strides = (len(buffers), *first.shape), (step, *first.strides)
-    return np.lib.stride_tricks.as_strided(first, shape, strides, writeable=True)
-
-
 class OutputAllocator(Protocol):
     """Hands DEFERRED the buffers a batch's chunks are written into, once, in place.
 
@@ -52,6 +33,15 @@ class OutputAllocator(Protocol):
     ``step``/``finalize`` call that allocated them: when that call returns,
     everything allocated during it was either emitted in its results or given
     back through ``discard`` (the in-flight output of a failed call).
+
+    Whether the buffers are one run is the allocator's to say, once, as it
+    makes them (for a slab, :func:`shm.one_run`'s answer in the loan): it sets
+    ``batch.out_block`` to the run as one ``(n, *shape)`` array (rows
+    ``strides[0]`` bytes apart, every byte between them the batch's) when they
+    are one, or ``batch.out_spans`` (a run per group of positions, None for a
+    group that is scattered) when the batch is cut into several. The engine
+    and the model carry that answer and never look at the buffers' addresses
+    to find it again; an allocator that sets neither gets a copy per chunk.
     """
 
     def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
@@ -144,9 +134,7 @@ class InFlight:
         self._unemitted.append((batch, buffers))
         if len(buffers) != len(batch.rows):
             raise ValueError(f"allocate gave {len(buffers)} buffers for {len(batch.rows)} rows")
-        batch.out = buffers
-        if batch.out_block is None:
-            batch.out_block = one_block(buffers)
+        batch.out = buffers  # out_block / out_spans: the allocator's word, carried as is
 
     def emitted(self) -> None:
         """Everything allocated so far is in the results about to be returned."""

@@ -44,9 +44,9 @@ class Batch:
     conditioning: list[dict[str, Any]]
     carry: dict[str, Any] = field(default_factory=dict)
     out: list[np.ndarray[Any, Any]] = field(default_factory=list)
-    # ``out`` as one (n, *shape) array, when it is one: set by the allocator (its rows
-    # ``strides[0]`` bytes apart, every byte between them the batch's: a slab run), or
-    # by the engine when the rows lie end to end
+    # ``out`` as one (n, *shape) array, when it is one: set by the allocator, which alone
+    # decides it (its rows ``strides[0]`` bytes apart, every byte between them the
+    # batch's: a slab run, a heap block); see rte.output.OutputAllocator
     out_block: np.ndarray[Any, Any] | None = None
     # ``out`` as several such runs when it is not one (a batch of several clients'
     # sessions, one run per client): (positions in the batch, the run or None)

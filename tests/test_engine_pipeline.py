@@ -219,6 +219,44 @@ def test_the_allocator_is_asked_once_per_decoded_batch_and_its_buffers_are_the_c
     engine.close()
 
 
+class SayingAllocator:
+    """Rows of one fresh block per batch, saying they are one run (``out_block``)
+    only when ``says``: the allocator's word, which the engine carries."""
+
+    def __init__(self, manifest: Manifest, *, says: bool) -> None:
+        self.shape, self.dtype, self.says = manifest.latent_shape, manifest.latent_dtype, says
+        self.made: list[tuple[Batch, np.ndarray[Any, Any]]] = []
+
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        block = np.empty((len(batch.rows), *self.shape), self.dtype)
+        if self.says:
+            batch.out_block = block
+        self.made.append((batch, block))
+        return list(block)
+
+    def discard(self, batch: Batch, buffers: list[np.ndarray[Any, Any]]) -> None:
+        raise AssertionError("nothing failed")
+
+
+@pytest.mark.parametrize("says", [True, False])
+def test_whether_a_batch_is_one_run_is_the_allocators_word_carried_as_is(says: bool) -> None:
+    """Decided once, where the buffers are made: the engine never looks at their
+    addresses to decide again (it did, for an allocator that said nothing)."""
+    model = ProbeModel(4)
+    allocator = SayingAllocator(model.manifest(), says=says)
+    engine = model.bind(ComposedEngine(model, allocator=allocator))
+    for s in "abc":
+        engine.attach(s)
+    for _ in range(3):
+        engine.step(["a", "b", "c"])
+    engine.step(["b"])  # a subset: a batch of its own
+    assert len(allocator.made) == 3
+    for batch, block in allocator.made:
+        assert batch.out_block is (block if says else None)
+        assert all(o.base is block for o in batch.out)  # the chunks are written in place
+    engine.close()
+
+
 def test_results_and_timings_are_light_immutable_records() -> None:
     timing = Timing(5, 9)
     assert (timing.pushed_ns, timing.taken_ns, timing.latency_ns) == (0, 0, 4)
