@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -54,20 +51,11 @@ import aiohttp
 import numpy as np
 import psutil
 
+from rte.protocol.names import DaemonNames
 from tools import report
+from tools.devtools import Browser
 
 TRANSPORTS = ("webrtc", "websocket")
-FLAGS = [  # headless, nothing in the background, loopback WebRTC, video played at once
-    *("--headless=new", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1"),
-    *("--no-first-run", "--no-default-browser-check", "--disable-background-networking"),
-    *("--disable-component-update", "--disable-sync", "--disable-default-apps"),
-    *("--disable-breakpad", "--no-sandbox", "--disable-dev-shm-usage", "--mute-audio"),
-    "--window-size=640,720",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1 , EXCLUDE localhost",
-    "--disable-features=Translate,OptimizationHints,MediaRouter,WebRtcHideLocalIpsWithMdns",
-    *("--allow-loopback-in-peer-connection", "--autoplay-policy=no-user-gesture-required"),
-    *("--disable-renderer-backgrounding", "--disable-background-timer-throttling"),
-]
 # what a page counts from now on; and what it counted (both awaited promises)
 BEGIN = """(async () => {
   const inbound = async () => { let got = null; if (!rtePlay.pc) return got;
@@ -100,9 +88,10 @@ END = """(async () => {
   return out;
 })()"""
 
+MESSAGE = "document.getElementById('message').innerText"
 COLUMNS = ["transport", "tabs", "fps_p50", "fps_min", "age_p50_ms", "age_p95_ms"]
 COLUMNS += ["kbytes_per_s", "x_raw", "cpu_pct", "cpu_per_tab_pct", "rss_mb"]
-COLUMNS += ["dropped_per_s", "jitter_ms", "decode_ms", "codec"]
+COLUMNS += ["made_per_s", "dropped_per_s", "jitter_ms", "decode_ms", "codec"]
 RATIO_COLUMNS = ["tabs", "fps_x", "age_p50_x", "age_p95_x", "bytes_x", "cpu_x", "rss_x"]
 ENCODE_COLUMNS = ["codec", "size", "picture_p50_ms", "encode_p50_ms", "encode_p99_ms"]
 ENCODE_COLUMNS += ["bytes_per_frame"]
@@ -125,12 +114,18 @@ QUICK = Plan(tabs=(1, 2), seconds=1.5, settle_s=1.0, encode_frames=30)
 
 
 class Play:
-    """``python -m rte play --port 0 --transport T --max-sessions N`` (its own daemon)."""
+    """``rte serve`` of the world at 30 Hz (admission by rows alone: the bench asks
+    for more tabs than the real-time admission may take on a small box) and
+    ``rte play --name`` of it over ``transport``; :meth:`stop` stops both."""
 
     def __init__(self, transport: str, sessions: int) -> None:
         self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop)
+        self.name = f"bench-video-{os.getpid()}-{transport}"
+        serve = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", "world"]
+        serve += ["--pace-hz", "30", "--max-sessions", str(sessions), "--admission", "rows"]
+        self.daemon = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stderr=self.log)
         command = [sys.executable, "-m", "rte", "play", "--port", "0", "--transport", transport]
-        command += ["--max-sessions", str(sessions), "--model", "world", "--pace-hz", "30"]
+        command += ["--name", self.name, "--wait", "60"]
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log
         )
@@ -138,21 +133,24 @@ class Play:
         found = re.search(r"open (http://127\.0\.0\.1:\d+/)", line)
         if found is None:
             self.stop()
-            self.log.seek(0)
-            raise RuntimeError(f"rte play --transport {transport} did not start: {self.log.read()}")
+            raise RuntimeError(f"rte play --transport {transport} did not start: {self.said}")
         self.url, self.ps = found.group(1), psutil.Process(self.process.pid)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # it stops its daemon too
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        for process in (self.process, self.daemon):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
         if self.process.stdout is not None:
             self.process.stdout.close()
+        self.log.seek(0)
+        self.said = self.log.read()[-2000:]
         self.log.close()
+        DaemonNames(self.name).remove_leftovers()
 
 
 def _line(process: subprocess.Popen[bytes], timeout: float) -> str:
@@ -166,89 +164,6 @@ def _line(process: subprocess.Popen[bytes], timeout: float) -> str:
             break
         line += byte
     return line.decode(errors="replace")
-
-
-class Browser:
-    """Headless Chromium, driven over one DevTools connection (flat sessions)."""
-
-    def __init__(self) -> None:
-        chromium = shutil.which("chromium")
-        if chromium is None:
-            raise SystemExit("the video bench needs chromium: bash tools/install_browser.sh")
-        self.profile = tempfile.TemporaryDirectory(prefix="bench-video-")
-        self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close)
-        command = [chromium, *FLAGS, f"--user-data-dir={self.profile.name}", "about:blank"]
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            self.log.seek(0)
-            if found := re.search(r"DevTools listening on (ws://\S+)", self.log.read()):
-                self.devtools = found.group(1)
-                break
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("chromium did not start")
-            time.sleep(0.05)
-        self._next, self._waiting = 0, dict[int, asyncio.Future[dict[str, Any]]]()
-
-    async def connect(self, http: aiohttp.ClientSession) -> None:
-        self.ws = await http.ws_connect(self.devtools, max_msg_size=0)
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for message in self.ws:
-            data = json.loads(message.data)
-            waiting = self._waiting.pop(data.get("id", -1), None)
-            if waiting is not None and not waiting.done():
-                waiting.set_result(data)
-
-    async def call(self, method: str, session: str | None = None, **params: Any) -> Any:
-        self._next += 1
-        answer = self._waiting[self._next] = asyncio.get_running_loop().create_future()
-        message: dict[str, Any] = {"id": self._next, "method": method, "params": params}
-        await self.ws.send_str(json.dumps(message | ({"sessionId": session} if session else {})))
-        reply = await asyncio.wait_for(answer, 30)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply["result"]
-
-    async def open(self, url: str) -> str:
-        """A page of ``url`` in a new window; its DevTools session."""
-        target = await self.call("Target.createTarget", url=url, newWindow=True)
-        got = await self.call("Target.attachToTarget", targetId=target["targetId"], flatten=True)
-        return str(got["sessionId"])
-
-    async def eval(self, session: str, expression: str) -> Any:
-        reply = await self.call(
-            "Runtime.evaluate", session, expression=expression, returnByValue=True,
-            awaitPromise=True,
-        )  # fmt: skip
-        if "exceptionDetails" in reply:
-            return None  # the page is not there yet (or went)
-        return reply["result"].get("value")
-
-    async def until(self, session: str, expression: str, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not await self.eval(session, expression):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: not within {timeout} s")
-            await asyncio.sleep(0.1)
-
-    async def close_all(self, sessions: list[str]) -> None:
-        for session in sessions:
-            with contextlib.suppress(RuntimeError, asyncio.TimeoutError):
-                await self.call("Page.close", session)
-        sessions.clear()
-
-    def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.log.close()
-        self.profile.cleanup()
 
 
 async def _stats(http: aiohttp.ClientSession, play: Play) -> dict[str, dict[str, Any]]:
@@ -282,6 +197,7 @@ async def _measure(
     ages = np.concatenate([np.asarray(g["ages"], np.float64) for g in got] + [np.zeros(0)])
     raw = [f * 256 * 256 * 3 for f in fps]  # the displayed scene, uncompressed
     dropped = [after[s]["dropped"] - before[s]["dropped"] for s in after if s in before]
+    made = [after[s]["chunk"] - before[s]["chunk"] for s in after if s in before]
     cpu_pct = (used.user + used.system - cpu.user - cpu.system) / wall * 100
     webrtc = [g for g in got if g["codec"] != "raw"]
     return {
@@ -295,6 +211,7 @@ async def _measure(
         "cpu_pct": cpu_pct,
         "cpu_per_tab_pct": cpu_pct / len(pages),
         "rss_mb": rss / 2**20,
+        "made_per_s": float(np.median(made)) / wall if made else 0.0,
         "dropped_per_s": float(np.median(dropped)) / wall if dropped else 0.0,
         "jitter_ms": _median([g["jitter_ms"] for g in webrtc]),
         "decode_ms": _median([g["decode_ms"] for g in webrtc]),
@@ -314,10 +231,14 @@ async def _transport(
     pages: list[str] = []
     query = "" if transport == "webrtc" else "?transport=websocket"
     for size in plan.tabs:
-        while len(pages) < size:
-            page = await browser.open(f"{play.url}{query}")
-            pages.append(page)
-            await browser.until(page, "rtePlay.frames > 3", f"a {transport} tab's frames", 30)
+        try:
+            while len(pages) < size:
+                pages.append(page := await browser.open(f"{play.url}{query}"))
+                await browser.until(page, "rtePlay.frames > 3", f"{transport} tab {len(pages)}", 30)
+        except RuntimeError as exc:  # say so, and measure no larger size of it
+            print(f"video: {exc}; the page says {await browser.eval(page, MESSAGE)!r}",
+                  file=sys.stderr)  # fmt: skip
+            break
         row = {"transport": transport, **await _measure(http, browser, play, pages, plan)}
         report.progress("video", len(rows) + 1, len(plan.tabs), f"{transport} x{size}")
         rows.append(row)
