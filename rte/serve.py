@@ -53,7 +53,10 @@ from rte.protocol.requests import (
 from rte.realtime import DEFAULT_MARGIN, Pacer, RealTime
 from rte.receipts import Receipts
 
-OutboxItem = StepResult | Notice
+# what a loop's calls return: chunks (each a StepResult, or a host's own form of
+# an engine call's chunks: see ``emit``) and notices
+OutboxItem = StepResult | Notice | object
+Emit = Callable[[list[StepResult]], list[Any]]  # a fresh list, the loop appends to it
 
 
 class Inbox(Protocol):
@@ -147,6 +150,11 @@ class ServeLoop:
             capacity) or ``rows`` (only the engine's rows limit admission).
         margin: the share of the period a turn's predicted cost must leave free.
         stamp: whether results carry ``applied`` (the daemon reads :attr:`receipts`).
+        emit: what stands for an engine call's chunks in what the loop returns, made
+            from that call's results (default: the CHUNK results themselves; the
+            daemon's: the slab leases its allocator handed the call, which carry
+            their rows, so a chunk travels in one object from the engine to its
+            STEP record).
     """
 
     def __init__(
@@ -157,8 +165,10 @@ class ServeLoop:
         admission: str = "realtime",
         margin: float = DEFAULT_MARGIN,
         stamp: bool = True,
+        emit: Emit | None = None,
     ) -> None:
         self.engine = engine
+        self.emit = emit
         self.conditioning: dict[str, dict[str, Any]] = {}  # attached sessions, in order
         self.actions: dict[str, dict[str, Any]] = {}
         self.act_seqs: dict[str, int] = {}  # the last seq of each session's pending actions
@@ -354,8 +364,9 @@ class ServeLoop:
         if self.stamp:
             results = self.receipts.stamp(results)
         chunk = ResultKind.CHUNK
-        out: list[OutboxItem] = [r for r in results if r.kind is chunk]
-        if len(out) < len(results):  # some carry no chunk: their errors become notices
+        chunks: list[OutboxItem] = [r for r in results if r.kind is chunk]
+        out = chunks if self.emit is None else self.emit(results)
+        if len(chunks) < len(results):  # some carry no chunk: their errors become notices
             for r in results:
                 if r.kind is ResultKind.ERROR:
                     out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))

@@ -8,34 +8,44 @@ each client's chunks of a step are written once, in place, as one array
 where their reader will look at them: ``batch.out_block`` when the batch is
 one client's, ``batch.out_spans`` (a run per client) when it holds several
 clients' sessions, so a model copies once per client, not once per frame.
-After each step (or finalize) the core takes the step's leases
-(:meth:`SlabAllocator.take`) to publish them and name them in one STEP record
-per client; a failed step's leases are aborted.
+
+A :class:`Lease` is the one object a client's chunks of a batch travel in,
+from the engine's call to the STEP record: its slots (whether they are one run
+was decided once, when they were leased: :attr:`shm.BatchLoan.contiguous`),
+the sessions and chunk indices its rows hold, and when they were generated
+and emitted. The serve loop turns each engine call's chunk results into that
+call's leases (:meth:`SlabAllocator.emitted`, its ``emit``), so what a step
+returns is the leases themselves, in the order of the outcome, beside its
+notices; :class:`~rte.ipc.outbound.Outbound` writes each STEP record from
+them and reads nothing else. A failed call's leases are aborted (``discard``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rte.contract import Manifest
+from rte.contract import Manifest, ResultKind, StepResult
 from rte.ipc.clients import Connection
 from rte.stages import Batch
 from shm import BatchLoan, Slab
 
 
-@dataclass
+@dataclass(eq=False)
 class Lease:
-    """One client's slots for one decoded batch, and what they will hold."""
+    """One client's slots for one decoded batch, and what they hold: row ``i`` of
+    ``loan`` is chunk ``chunks[i]`` of session ``sessions[i]``."""
 
     owner: Connection
     loan: BatchLoan
     sessions: list[str]
     chunks: list[int]
     generated_ns: int
+    emitted_ns: int = 0  # set when the engine call that wrote them returns them
 
 
 class SlabAllocator:
@@ -102,3 +112,24 @@ class SlabAllocator:
         taken, self.pending = self.pending, []
         self._by_batch.clear()
         return taken
+
+    def emitted(self, results: list[StepResult]) -> list[Lease]:
+        """The leases of one engine call that returned ``results``, each stamped
+        with when its chunks were emitted (an engine call leases nothing it does
+        not emit or discard, so every lease taken here holds its chunks)."""
+        leases = self.take()
+        if not leases:
+            return leases
+        if len(leases) == 1:  # the usual case: one batch of one client
+            chunk = ResultKind.CHUNK
+            first = next((r for r in results if r.kind is chunk), None)
+            emitted_ns = first.timing.emitted_ns if first is not None else time.monotonic_ns()
+            for lease in leases:
+                lease.emitted_ns = emitted_ns
+            return leases
+        # several batches (several clients, or engines): each its own engine's time
+        by_session = {r.session: r.timing.emitted_ns for r in results}
+        now = time.monotonic_ns()
+        for lease in leases:
+            lease.emitted_ns = by_session.get(lease.sessions[0], now)
+        return leases

@@ -1,13 +1,17 @@
 """Outbound: where every outcome of the core loop goes, and how it gets there.
 
-A step's chunks go to each owner as one STEP record naming their slab slots
-(published first, in one call; released at once if nobody can take them), and
-the owner's sessions are charged what they were sent against their credits. A
-notice goes where the :class:`~rte.ipc.router.Router` says, encoded to fit the
-ring it goes to (an ATTACHED one carries the session's handle). Each STEP
-record carries every row's receipt (the seq of the last action its chunk
-applied, from the serve loop's :class:`~rte.receipts.Receipts`; none while no
-session has acted).
+A step's chunks arrive as the leases that hold them
+(:class:`~rte.ipc.allocator.Lease`: the slots, whether they are one run, the
+sessions and chunk indices of their rows, when they were generated and
+emitted), in place of the chunks in what the serve loop returned; each owner
+gets one STEP record written from its leases alone (published first, in one
+call; released at once if nobody can take them), and the owner's sessions
+are charged what they were sent against their credits. A notice goes where
+the :class:`~rte.ipc.router.Router` says, encoded to fit the ring it goes to
+(an ATTACHED one carries the session's handle). Each STEP record carries
+every row's receipt (the seq of the last action its chunk applied, from the
+serve loop's :class:`~rte.receipts.Receipts`; none while no session has
+acted).
 Nothing here raises for one client's state: a client whose ring and backlog
 are full loses the answer, which is counted, and is told how many once it
 reads again. The daemon's counters in the control segment are kept here.
@@ -16,20 +20,21 @@ reads again. The daemon's counters in the control segment are kept here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Any
 
 import numpy as np
 
-from rte.contract import Notice, NoticeKind, StepResult
-from rte.ipc.allocator import Lease, SlabAllocator
+from rte.contract import Notice, NoticeKind
+from rte.ipc.allocator import Lease
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.router import Router
 from rte.protocol.control import Control, Counter
 from rte.protocol.wire import encode_notice, encode_step, stamp_pushed
 from rte.receipts import Receipts
 from rte.serve import OutboxItem
-from shm import ShmError, Slab
+from shm import ShmError, Slab, one_run
 from shm.batch import Words, release_slots
 
 _COUNTED = {
@@ -48,13 +53,11 @@ class Outbound:
         slab: Slab,
         table: ClientTable,
         router: Router,
-        allocator: SlabAllocator,
     ) -> None:
         self.control = control
         self.slab = slab
         self.table = table
         self.router = router
-        self.allocator = allocator
         self.histogram = control.histogram
         self.receipts: Receipts | None = None  # the serve loop's, set by the core
         self._emitted = 0
@@ -62,18 +65,17 @@ class Outbound:
     def deliver(
         self, items: list[OutboxItem], requester: Connection | None, credits: int = 0
     ) -> None:
-        """Chunks to their owners, a STEP record each; notices where the router
-        says (``requester``: the client whose request produced them, if any, and
-        ``credits`` what that request asked for)."""
-        if items and type(items[-1]) is StepResult:  # a step without errors: chunks only
-            self.steps(items[0].timing.emitted_ns)  # type: ignore[union-attr]
+        """Chunks (their leases) to their owners, a STEP record each; notices where
+        the router says (``requester``: the client whose request produced them,
+        if any, and ``credits`` what that request asked for)."""
+        if items and type(items[-1]) is Lease:  # a step without errors: chunks only
+            self.steps(items)  # type: ignore[arg-type]
             return
-        stepped = False
+        leases = [item for item in items if type(item) is Lease]
+        if leases:  # every chunk of this call, before the notices after it
+            self.steps(leases)
         for item in items:
-            if type(item) is StepResult:
-                if not stepped:  # every chunk of this call, before the notices after it
-                    stepped = True
-                    self.steps(item.timing.emitted_ns)
+            if type(item) is Lease:
                 continue
             assert isinstance(item, Notice)
             counter = _COUNTED.get(item.kind)
@@ -82,23 +84,20 @@ class Outbound:
             everyone = self.table.connections.values()
             for connection in self.router.route(item, requester, everyone, credits):
                 self.send(connection, item)
-        if not stepped:
-            self.steps(time.monotonic_ns())  # nothing leased is left unsent
 
-    def steps(self, emitted_ns: int) -> None:
-        """The chunks leased since the last call: one STEP record per owner (a step
-        that decoded several batches, just after a join, has several leases each)."""
-        leases = self.allocator.take()
+    def steps(self, leases: list[Lease]) -> None:
+        """One STEP record per owner of ``leases`` (a step that decoded several
+        batches, just after a join, has several leases each)."""
         if len(leases) > 1:
             by_owner: dict[int, list[Lease]] = {}
             for lease in leases:
                 by_owner.setdefault(lease.owner.index, []).append(lease)
             for group in by_owner.values():
-                self._step(group, emitted_ns)
+                self._step(group)
         elif leases:
-            self._step(leases, emitted_ns)
+            self._step(leases)
 
-    def _step(self, leases: list[Lease], emitted_ns: int) -> None:
+    def _step(self, leases: list[Lease]) -> None:
         owner = leases[0].owner
         published: list[Lease] = []
         for lease in leases:
@@ -109,7 +108,8 @@ class Outbound:
                 self.control.count(Counter.CHUNKS_DROPPED, len(lease.loan))
         if not published:
             return
-        slots, generations, sessions, chunks, generated, contiguous = _columns(published)
+        record = _Record.of(published)
+        slots, sessions, emitted_ns = record.slots, record.sessions, record.emitted_ns
         live = self.table.connections.get(owner.index) is owner
         handles: list[int] | None = None
         cached = owner.handle_cache  # the engine hands the same list step after step
@@ -122,20 +122,20 @@ class Outbound:
                 owner.handle_cache = (sessions, handles, index)
         if handles is not None and live:
             receipts = self.receipts
-            applied = receipts.column(sessions, chunks) if receipts is not None else None
-            record = encode_step(
+            applied = receipts.column(sessions, record.chunks) if receipts is not None else None
+            encoded = encode_step(
                 slots,
-                generations,
-                chunks,
-                generated,
+                record.generations,
+                record.chunks,
+                record.generated_ns,
                 handles,
-                contiguous=contiguous,
+                contiguous=record.contiguous,
                 emitted_ns=emitted_ns,
                 applied=applied,
             )
             pushed = time.monotonic_ns()
-            stamp_pushed(record, pushed)
-            if owner.send(record):
+            stamp_pushed(encoded, pushed)
+            if owner.send(encoded):
                 self.histogram.add(pushed - emitted_ns)
                 owner.emitted[index] += 1
                 self._emitted += len(slots)
@@ -144,7 +144,7 @@ class Outbound:
                 return
         # nobody will read them: give them back as their reader would
         with contextlib.suppress(ShmError):
-            release_slots(self.slab, owner.index, slots, generations)
+            release_slots(self.slab, owner.index, slots, record.generations)
         self.control.count(Counter.CHUNKS_DROPPED, len(slots))
 
     def send(self, connection: Connection, notice: Notice) -> None:
@@ -171,25 +171,41 @@ class Outbound:
             self._emitted = 0
 
 
-def _columns(
-    leases: list[Lease],
-) -> tuple[Words, Words, list[str], list[int], Any, bool]:
-    """One owner's leases of one step as one record's columns (one lease: as it is)."""
-    if len(leases) == 1:
-        (lease,) = leases
-        loan = lease.loan
-        return (
-            loan.slots,
-            loan.generations,
-            lease.sessions,
-            lease.chunks,
-            lease.generated_ns,
-            loan.contiguous,
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Record:
+    """One owner's leases of one step as one STEP record's columns."""
+
+    slots: Words
+    generations: Words
+    sessions: list[str]
+    chunks: list[int]
+    generated_ns: Any  # one time for every row, or one per row
+    emitted_ns: int
+    contiguous: bool
+
+    @classmethod
+    def of(cls, leases: list[Lease]) -> _Record:
+        """The columns of ``leases`` (one lease: as it is, its run as it was leased)."""
+        if len(leases) == 1:
+            (lease,) = leases
+            loan = lease.loan
+            return cls(
+                loan.slots,
+                loan.generations,
+                lease.sessions,
+                lease.chunks,
+                lease.generated_ns,
+                lease.emitted_ns,
+                loan.contiguous,
+            )
+        slots = np.concatenate([lease.loan.slots for lease in leases])
+        return cls(
+            slots,
+            np.concatenate([lease.loan.generations for lease in leases]),
+            [s for lease in leases for s in lease.sessions],
+            [c for lease in leases for c in lease.chunks],
+            [lease.generated_ns for lease in leases for _ in lease.sessions],
+            min(lease.emitted_ns for lease in leases),
+            # runs leased one after another may join into one: the one test of a run
+            all(lease.loan.contiguous for lease in leases) and one_run(slots),
         )
-    slots = np.concatenate([lease.loan.slots for lease in leases])
-    generations = np.concatenate([lease.loan.generations for lease in leases])
-    sessions = [s for lease in leases for s in lease.sessions]
-    chunks = [c for lease in leases for c in lease.chunks]
-    generated = [lease.generated_ns for lease in leases for _ in lease.sessions]
-    contiguous = bool(np.all(np.diff(slots.astype(np.int64)) == 1))
-    return slots, generations, sessions, chunks, generated, contiguous
