@@ -199,6 +199,27 @@ def test_a_ray_snippet_runs_on_a_local_cluster(snippet: Snippet) -> None:
     assert done.stdout == (snippet.shown or "")
 
 
+def test_the_model_written_from_scratch_is_served_as_the_doc_says(
+    tmp_path: Path, prefix: str
+) -> None:
+    doc = ROOT / "docs" / "writing-a-model.md"
+    served = re.search(r"`rte serve --name dots --model (dot:Dot)`", doc.read_text())
+    assert served is not None, "the doc no longer says how to serve the model"
+    (tmp_path / "dot.py").write_text(snippets(doc)[0].code)  # the class, as printed
+    path = os.pathsep.join([str(tmp_path), str(TESTS), str(ROOT)])
+    daemon = DaemonProcess(f"{prefix}dots", "--model", served[1], env={"PYTHONPATH": path})
+    try:
+        with daemon.client() as client:
+            assert client.manifest.latent_shape == (8, 8, 3)
+            client.attach("carol", {"prompt": "blue", "move": (1, 1)})
+            chunk = client.poll(timeout=30)
+            assert chunk is not None and chunk.session == "carol"
+            with chunk:  # written by draw straight into the slab: blue at 1,1
+                assert chunk.latent[1, 1].tolist() == [0, 0, 255]
+    finally:
+        assert daemon.stop() == 0, daemon.stderr
+
+
 def script(doc: Path, prefix: str) -> tuple[str, str, bool]:
     """``doc``'s script blocks as one program, the output they show, and whether a
     block was left out (it imports torch, which is not installed)."""
