@@ -44,10 +44,11 @@ if TYPE_CHECKING:
         UnknownSessionError,
     )
     from rte.lanes import Lane
+    from rte.output import HeapAllocator, OutputAllocator
     from rte.protocol.requests import Act, Attach, Detach, Reset, Stop, Wake
     from rte.replica import ReplicaEngine
     from rte.serve import ServeLoop, default_serve
-    from rte.stages import Batch, HeapAllocator, OutputAllocator, Stage, StageModel
+    from rte.stages import Batch, Stage, StageModel
 
 _HOMES = {
     "ComposedEngine": "rte.composed",
@@ -80,8 +81,8 @@ _HOMES = {
     "Wake": "rte.protocol.requests",
     "default_serve": "rte.serve",
     "Batch": "rte.stages",
-    "HeapAllocator": "rte.stages",
-    "OutputAllocator": "rte.stages",
+    "HeapAllocator": "rte.output",
+    "OutputAllocator": "rte.output",
     "Stage": "rte.stages",
     "StageModel": "rte.stages",
 }

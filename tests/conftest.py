@@ -19,7 +19,7 @@ import pytest
 
 from probe_model import ProbeModel, make_engine
 from rte import ComposedEngine
-from rte.simcuda import HAZARDS
+from rte.lanes.sim import HAZARDS
 
 
 def _transport_missing() -> str | None:
