@@ -36,6 +36,7 @@ from rte.protocol.control import (
 )
 from rte.protocol.mailbox import Mailbox
 from rte.protocol.names import DaemonNames
+from rte.protocol.rows import held_rows
 from rte.protocol.wire import describe
 from shm import Segment, ShmError, Slab, SlotState, is_alive
 from shm.lock import NameLockHeld
@@ -69,7 +70,8 @@ def summary(name: str) -> dict[str, Any]:
 
 def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
     alive = segment.creator_alive()
-    clients = [c for c in control.table.entries() if c.state is ClientState.ACTIVE]
+    entries = control.table.entries()
+    clients = [c for c in entries if c.state is ClientState.ACTIVE]
     manifest = control.manifest()
     return {
         "name": name,
@@ -80,7 +82,7 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
         "heartbeat_age_s": control.heartbeat_age_s,
         "model": manifest.model,
         "pace_hz": control.realtime()["pace_hz"],  # 0: unpaced
-        "sessions": sum(c.sessions for c in clients),
+        "sessions": held_rows(entries),
         "max_sessions": manifest.max_sessions,
         "clients": len(clients),
         "remove": None if alive else f"rte inspect {name} --remove",
