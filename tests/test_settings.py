@@ -7,16 +7,25 @@ checked on :class:`~rte.ipc.settings.Settings` itself."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_harness import DaemonProcess, Deadline, leftovers
 
+from rte.cli import OneLineParser
+from rte.cli import serve as serve_command
 from rte.credits import chunks_to_drive
 from rte.errors import ConfigurationError
 from rte.ipc.settings import Settings
+from rte.ipc.sources import Option, options_of, read
 from rte.protocol.control import MAX_SESSIONS
 from shm.names import SHM_DIR
 
@@ -145,3 +154,101 @@ def test_one_client_steps_every_session_at_once_with_the_default_settings(
                     widest = max(widest, len(batch))
     finally:
         assert d.stop() == 0, d.stderr
+
+
+# -- written once: every field is a flag, an RTE_* variable and a TOML key ----------------
+
+
+def _example(option: Option) -> Any:
+    """A value of ``option``'s kind that is not its default."""
+    if option.choices:
+        return next(c for c in reversed(option.choices) if c != option.default)
+    examples = {int: 7, float: 0.25, str: "cuda:1", dict: {"cost": 2, "on": False, "w": "r"}}
+    return examples[option.type]
+
+
+def _toml(key: str, value: Any) -> str:
+    if isinstance(value, dict):
+        lines = [
+            f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in value.items()
+        ]
+        return f"[{key}]\n" + "\n".join(lines) + "\n"
+    return f"{key} = {json.dumps(value)}\n"
+
+
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineParser(prog="rte")
+    serve_command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_every_field_is_an_option_with_a_flag_an_environment_name_and_a_toml_key() -> None:
+    fields = [
+        f.name for cls in (Settings, serve_command.ServeOptions) for f in dataclasses.fields(cls)
+    ]
+    assert [o.key for o in serve_command.OPTIONS] == fields
+    helped = " ".join(serve_help().split())
+    for option in serve_command.OPTIONS:
+        assert option.help and f"--{option.flag}" in helped
+        assert option.env == f"RTE_{option.key.upper()}"
+        assert option.toml.replace("-", "_") == option.key
+    defaults = {o.key: o.default for o in options_of(Settings)}
+    assert Settings(**{**defaults, "name": "d"}) == Settings("d")  # the defaults are its own
+
+
+def serve_help() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "rte", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+@pytest.mark.parametrize("option", serve_command.OPTIONS, ids=lambda o: o.key)
+def test_each_setting_round_trips_through_every_source(option: Option, tmp_path: Path) -> None:
+    value = _example(option)
+    given = {"name": "d"} if option.key != "name" else {}
+    base = ["--name", "d"] if option.key != "name" else []
+    from_flag = read(serve_command.OPTIONS, vars(_parsed([*base, *option.argv(value)])), {})
+    from_env = read(serve_command.OPTIONS, given, {option.env: option.text(value)})
+    config = tmp_path / "rte.toml"
+    config.write_text(_toml(option.toml, value))
+    from_file = read(serve_command.OPTIONS, given, {}, config)
+    for got in (from_flag, from_env, from_file):
+        assert got[option.key] == value
+        assert {k: v for k, v in got.items() if k not in (option.key, "name")} == {
+            o.key: o.default for o in serve_command.OPTIONS if o.key not in (option.key, "name")
+        }
+
+
+def test_the_command_line_wins_then_the_environment_then_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "rte.toml"
+    config.write_text('name = "f"\nmax_sessions = 5\npace-hz = 20\n[model-settings]\ncost = 1\n')
+    env = {"RTE_MAX_SESSIONS": "3", "RTE_MODEL_SETTINGS": "cost=2,w=r"}
+    got = read(serve_command.OPTIONS, vars(_parsed(["--max-sessions", "2"])), env, config)
+    assert (got["name"], got["max_sessions"], got["pace_hz"]) == ("f", 2, 20.0)
+    assert got["model_settings"] == {"cost": 2, "w": "r"}
+    assert read(serve_command.OPTIONS, {}, env, config)["max_sessions"] == 3
+    assert read(serve_command.OPTIONS, {}, {}, config)["max_sessions"] == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"RTE_MAX_SESSIONS": "many"}, "RTE_MAX_SESSIONS: 'many' is not a valid int"),
+        ({"RTE_ADMISSION": "fast"}, "RTE_ADMISSION: 'fast' is not one of realtime, rows"),
+        ({"RTE_MODEL_SETTINGS": "cost"}, "RTE_MODEL_SETTINGS 'cost': KEY=VALUE"),
+        ({}, "--name is required (or RTE_NAME, or name in --config)"),
+    ],
+)
+def test_a_value_that_is_not_one_names_where_it_came_from(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(says)):
+        read(serve_command.OPTIONS, {}, {"RTE_NAME": "d", **env} if env else {})
+
+
+def test_a_supervisor_passes_every_setting_on_as_its_command_line() -> None:
+    values = {o.key: _example(o) for o in options_of(Settings)} | {"name": "p", "metrics_port": 0}
+    (child,) = serve_command._children(values, 1, None, "debug")
+    argv = child.command[child.command.index("serve") + 1 :]
+    got = read(serve_command.OPTIONS, vars(_parsed(argv)), {})
+    assert got == {**values, "name": "p-0", "replicas": None, "devices": None, "log_level": "debug"}

@@ -2,7 +2,10 @@
 
 Every setting comes from, the first that has it winning: the command line, an
 ``RTE_*`` environment variable (``RTE_MAX_SESSIONS=16``), a TOML file named by
-``--config`` (``max-sessions = 16``, or ``max_sessions``), the default.
+``--config`` (``max-sessions = 16``, or ``max_sessions``), the default. None of
+them is written here: the options are the fields of
+:class:`~rte.ipc.settings.Settings` and :class:`ServeOptions`, each with its
+help and choices, read by :mod:`rte.ipc.sources`; a new setting is one field.
 """
 
 from __future__ import annotations
@@ -11,130 +14,39 @@ import argparse
 import logging
 import os
 import sys
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rte.cli.foreground import run_from_command_line
 from rte.client import members_of
 from rte.client.daemon import live_pid
 from rte.errors import ConfigurationError
-from rte.ipc.process import run_from_command_line
 from rte.ipc.settings import Settings
-from rte.ipc.supervisor import Child, supervise
-from rte.models import model_choices
+from rte.ipc.sources import options_of, read, setting
+from rte.launch.supervisor import Child, supervise
 from rte.protocol.names import DaemonNames
-from rte.protocol.requests import DEFAULT_CREDITS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
-class Option:
-    name: str  # as on the command line, without the dashes
-    type: Any
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
+class ServeOptions:
+    """What ``rte serve`` takes beyond a daemon's :class:`~rte.ipc.settings.Settings`."""
 
-    @property
-    def key(self) -> str:
-        return self.name.replace("-", "_")
-
-
-OPTIONS = (
-    Option("name", str, None, "the daemon's name (clients connect by it)"),
-    Option("model", str, "reference", f"short name or module:factory; {model_choices()}"),
-    Option(
-        "device",
-        str,
-        None,
-        "where the model computes: cpu, cuda or cuda:N (one daemon per GPU; "
-        "default: the model's own choice)",
-    ),
-    Option("max-sessions", int, 8, "rows of the engine's arena"),
-    Option(
-        "engines",
-        int,
-        1,
-        "engines of the model in this daemon, each of --max-sessions rows, sessions "
-        "routed over them (for models that cannot batch)",
-    ),
-    Option("max-clients", int, 8, "client processes at once"),
-    Option(
-        "ring-kib",
-        int,
-        None,
-        "each client ring's size (default: a step of every row, at least 256)",
-    ),
-    Option(
-        "slab-slots",
-        int,
-        None,
-        "chunks in flight in all (default: every client's quota, so that each may "
-        "drive every session at full rate)",
-    ),
-    Option(
-        "quota",
-        int,
-        0,
-        "slots one client may hold (0: every row's credits plus one in flight, or an "
-        "even share of --slab-slots)",
-    ),
-    Option(
-        "credits",
-        int,
-        DEFAULT_CREDITS,
-        "chunks a session may have emitted and not released before it waits for its "
-        "client (a client may ask for others per attach)",
-    ),
-    Option("pace-hz", float, 0.0, "steps per second (0: flat out)"),
-    Option(
-        "admission",
-        str,
-        "realtime",
-        "realtime: a paced daemon refuses an attach past the sessions its pace holds "
-        "(measured); rows: only --max-sessions limits admission",
-        ("realtime", "rows"),
-    ),
-    Option("realtime-margin", float, 0.1, "share of the period kept free at admission"),
-    Option(
-        "wait-policy",
-        str,
-        "spin-then-block",
-        "how an idle daemon waits",
-        ("spin", "spin-then-block", "block"),
-    ),
-    Option("idle-limit-s", float, 30.0, "detach the sessions of a stalled client"),
-    Option(
-        "metrics-port",
-        int,
-        None,
-        "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)",
-    ),
-    Option(
-        "input-slots",
-        int,
-        None,
-        "slots through which clients lend large inputs by reference (default "
-        "max-sessions + 2 per client, at least 4; 0: none)",
-    ),
-    Option("input-slot-kib", int, 1024, "the largest input one input slot carries"),
-    Option(
-        "replicas",
-        int,
+    replicas: int | None = setting(
         None,
         "run this many daemons, NAME-0 ... NAME-(N-1), supervised (restarted when "
         "they die); clients connect to NAME as one pool",
-    ),
-    Option(
-        "devices",
-        str,
-        None,
-        "one daemon per GPU: NAME-i on cuda:Di for --devices D0,D1,... (supervised)",
-    ),
-    Option("log-level", str, "info", "what the log says (with timestamps)", LOG_LEVELS),
-)
+    )
+    devices: str | None = setting(
+        None, "one daemon per GPU: NAME-i on cuda:Di for --devices D0,D1,... (supervised)"
+    )
+    log_level: str = setting("info", "what the log says (with timestamps)", choices=LOG_LEVELS)
+
+
+OPTIONS = (*options_of(Settings), *options_of(ServeOptions))
 
 
 def add_parser(sub: Any) -> None:
@@ -146,92 +58,15 @@ def add_parser(sub: Any) -> None:
         "and a TOML file (--config); the command line wins, then the environment.",
     )
     p.add_argument("--config", type=Path, help="a TOML file of settings (max-sessions = 16)")
-    p.add_argument(
-        "--model-setting",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a keyword argument of the model's factory (repeatable; numbers and "
-        "true/false are typed), e.g. --model-setting cost=2 for the world model",
-    )
     for option in OPTIONS:
-        default = f" (default {option.default})" if option.default not in (None, "") else ""
-        p.add_argument(
-            f"--{option.name}",
-            type=option.type,
-            default=None,
-            choices=option.choices,
-            help=option.help + default,
-        )
+        option.add_to(p)
     p.set_defaults(func=run)
 
 
-def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, Any]:
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """Every option's value: the command line's, else the environment's, else the
     config file's, else the default. ConfigurationError for a value that is not one."""
-    values = {option.key: option.default for option in OPTIONS}
-    values.update(_from_file(args.config) if args.config else {})
-    for option in OPTIONS:
-        raw = environ.get(f"RTE_{option.key.upper()}")
-        if raw is not None:
-            values[option.key] = _typed(option, raw, f"RTE_{option.key.upper()}")
-        given = getattr(args, option.key)
-        if given is not None:
-            values[option.key] = given
-    if not values["name"]:
-        raise ConfigurationError("--name is required (or RTE_NAME, or name in --config)")
-    values["model_settings"] = model_settings(getattr(args, "model_setting", []))
-    return values
-
-
-def model_settings(pairs: list[str]) -> dict[str, Any] | None:
-    """``KEY=VALUE`` pairs as the model factory's keyword arguments (None: none)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise ConfigurationError(f"--model-setting {pair!r}: KEY=VALUE, KEY a Python name")
-        out[key] = _scalar(raw)
-    return out or None
-
-
-def _scalar(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def _from_file(path: Path) -> dict[str, Any]:
-    try:
-        table = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigurationError(f"--config {path}: {exc}") from None
-    known = {option.key: option for option in OPTIONS}
-    values = {}
-    for key, value in table.items():
-        option = known.get(key.replace("-", "_"))
-        if option is None:
-            names = ", ".join(o.name for o in OPTIONS)
-            raise ConfigurationError(f"--config {path}: unknown setting {key!r} (one of {names})")
-        values[option.key] = _typed(option, value, f"--config {path}: {key}")
-    return values
-
-
-def _typed(option: Option, value: Any, where: str) -> Any:
-    try:
-        typed = option.type(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"{where}: {value!r} is not a valid {option.type.__name__}"
-        ) from None
-    if option.choices is not None and typed not in option.choices:
-        raise ConfigurationError(f"{where}: {value!r} is not one of {', '.join(option.choices)}")
-    return typed
+    return read(OPTIONS, vars(args), environ, args.config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -299,10 +134,7 @@ def _children(
         if port:  # a port each: child i on PORT + i (0: each its own free one)
             own["metrics_port"] = port + i
         for option in OPTIONS:
-            value = own.get(option.key, values.get(option.key))
-            if value is not None and option.key in values:
-                argv += [f"--{option.name}", str(value)]
-        for key, value in (values.get("model_settings") or {}).items():
-            argv += ["--model-setting", f"{key}={value}"]
+            if option.key in values:
+                argv += option.argv(own.get(option.key, values[option.key]))
         children.append(Child(f"{name}-{i}", argv))
     return children
