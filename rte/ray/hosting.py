@@ -15,10 +15,11 @@ their client of it: it attaches, acts, and hands out chunks copied into Ray's
 object store.
 
 The Router admits a session to the live host with the most free rows and keeps
-it there (sticky); a thread of it asks every host for its health each
-:data:`HEALTH_EVERY_S`, and a host that does not answer (its node is gone)
-has its sessions reported lost to their owners (:meth:`Router.lost`), who may
-attach them again: the router then admits them elsewhere.
+it there (sticky: :mod:`rte.placement`, the pool's policy too); a thread of it
+asks every host for its health each :data:`HEALTH_EVERY_S`, and a host that
+does not answer (its node is gone) has its sessions reported lost to their
+owners (:meth:`Router.lost`), who may attach them again: the router then
+admits them elsewhere.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from rte.client import ShmClient
 from rte.errors import AdmissionError
 from rte.launch import LaunchedDaemon
+from rte.placement import Placement
 from rte.protocol.claims import ClientState
 
 HEALTH_EVERY_S = 0.5
@@ -122,19 +124,20 @@ class Router:
     def __init__(self, hosts: list[Any]) -> None:
         self.hosts = hosts
         self.live = set(range(len(hosts)))
-        self.home: dict[str, tuple[int, str]] = {}  # session -> (host, owner)
+        self.placement: Placement[int] = Placement()  # session -> host, with its owner
         self.lost_by: dict[str, list[str]] = {}  # owner -> sessions lost
         self.misses: dict[int, int] = {}  # host -> health checks failed in a row
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
 
     def admit(self, session: str, owner: str) -> int:
-        """The host ``session`` lives on (chosen now: the live one with most free rows)."""
+        """The host ``session`` lives on (chosen now by :mod:`rte.placement`: the live
+        one with most free rows, then fewest of ``owner``'s sessions)."""
         import ray  # noqa: PLC0415
 
         with self.lock:
-            if session in self.home:
-                return self.home[session][0]
+            if session in self.placement:
+                return self.placement[session]
             live = sorted(self.live)
         rows = {}
         for index in live:
@@ -144,16 +147,18 @@ class Router:
                 )
             except Exception:  # a host that cannot say is not a place for a session
                 continue
-        for index in sorted(rows, key=lambda i: -rows[i]):
-            with self.lock:
-                if rows[index] > 0 and index in self.live:  # (lost meanwhile: not there)
-                    self.home[session] = (index, owner)
-                    return index
+        with self.lock:  # (a host lost meanwhile is not a choice)
+            choices = self.placement.choices(
+                session, rows, owner=owner, live=self.live.__contains__
+            )
+            if choices:
+                self.placement.settle(session, choices[0], owner)
+                return choices[0]
         raise AdmissionError(f"session {session!r}: every daemon of the cluster is full")
 
     def release(self, session: str) -> None:
         with self.lock:
-            self.home.pop(session, None)
+            self.placement.release(session)
 
     def lost(self, owner: str) -> list[str]:
         """The sessions of ``owner`` whose host died since it last asked."""
@@ -183,7 +188,5 @@ class Router:
     def _lose(self, index: int) -> None:
         with self.lock:
             self.live.discard(index)
-            for session, (host, owner) in list(self.home.items()):
-                if host == index:
-                    del self.home[session]
-                    self.lost_by.setdefault(owner, []).append(session)
+            for session, owner in self.placement.lose(index):
+                self.lost_by.setdefault(owner, []).append(session)
