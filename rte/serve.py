@@ -22,8 +22,10 @@ capacity and filters the due list through the overload governor
 (:mod:`rte.overload`); each chunk carries its receipt (:mod:`rte.receipts`).
 
 :class:`ServeLoop` does steps 2 to 4 and returns what happened as values (a
-list of :class:`~rte.contract.StepResult` and :class:`~rte.contract.Notice`),
-never through exceptions: the host decides where each goes. Each notice that
+list of :class:`~rte.contract.StepResult` and :class:`~rte.contract.Notice`;
+a host may have each engine call's chunks returned in a form of its own, its
+``emit``: the daemon's are the slab leases that hold them), never through
+exceptions: the host decides where each goes. Each notice that
 answers a request carries that request's ``seq``. The one exception:
 :class:`~rte.errors.EngineFault` (the engine's device failed for good) ends
 the loop, so its host fails closed instead of serving errors.
