@@ -226,14 +226,14 @@ def test_an_announced_sleep_before_the_descriptor_exists_never_ends_the_serve_th
     try:
         client.attach("a")
         limit = Deadline(what="an empty outbox to announce a sleep on")
-        while client._arm():  # something came: take it, try again
+        while client.transport.arm():  # something came: take it, try again
             limit.check()
-            client._disarm()
+            client.transport.disarm()
             batch = client.poll_batch(timeout=0)
             if batch is not None:
                 batch.release()
         time.sleep(0.2)  # the serve thread steps and puts meanwhile
-        assert client._thread.is_alive(), client._failure
+        assert client.transport.thread.is_alive(), client.transport.failure
         assert client.poll(timeout=5) is not None
     finally:
         client.close()

@@ -1,11 +1,13 @@
-"""What a caller can rely on, written once and run on both client forms.
+"""What a caller can rely on, written once and run on every client form.
 
-Every test here takes ``engine`` (parametrized: an InProcessClient over an
-engine on a thread of this process, and a ShmClient of a real ``rte serve``
-daemon in another process; then each as an AsyncClient on an asyncio loop,
+Every test here takes ``engine`` (parametrized over six forms: an
+InProcessClient over an engine on a thread of this process, a ShmClient of a
+real ``rte serve`` daemon in another process, and a PoolClient found by name
+over real daemons ``NAME-*``; then each as an AsyncClient on an asyncio loop,
 through tests/async_facade.py) and uses only the public EngineClient interface.
 What only the daemon shows (zero copy, ownership across processes, crashes) is
-in test_daemon.py.
+in test_daemon.py; what only a pool of several shows (spreading, a member's
+death), in test_pool.py.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from async_facade import LoopClient
 from daemon_harness import DaemonProcess, Deadline, take
 
 from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
-from rte.client import Chunk, EngineClient, InProcessClient, connect_async
+from rte.client import Chunk, EngineClient, InProcessClient, PoolClient, connect, connect_async
 from rte.models import load_model
 from rte.models.null import tag_of
 
@@ -45,14 +47,24 @@ class Engines:
         elif self.form == "inprocess":
             client = InProcessClient(ComposedEngine(load_model(model, max_sessions=ROWS)))
         else:
+            pool = self.form.endswith("pool")  # one member, NAME-0, found by the name NAME
+            name = f"{self.prefix}{model}"
             daemon = self.daemons.get(model)
             if daemon is None:
                 daemon = self.daemons[model] = DaemonProcess(
-                    f"{self.prefix}{model}",
+                    f"{name}-0" if pool else name,
                     *("--model", model, "--max-sessions", str(ROWS), "--max-clients", "4"),
                 )
+                if pool:
+                    daemon.client().close()  # up, so that NAME-* is found
             if self.form == "async-shm":
                 client = LoopClient(connect_async(daemon.name, timeout=30))
+            elif self.form == "async-pool":
+                client = LoopClient(connect_async(name, timeout=30))
+                assert client.name == daemon.name  # the pool of NAME-0
+            elif pool:
+                client = connect(name, timeout=30)
+                assert isinstance(client, PoolClient)
             else:
                 client = daemon.client()
         self.clients.append(client)
@@ -65,7 +77,10 @@ class Engines:
             assert daemon.stop() == 0, daemon.stderr
 
 
-@pytest.fixture(params=["inprocess", "shm", "async-inprocess", "async-shm"])
+FORMS = ["inprocess", "shm", "pool", "async-inprocess", "async-shm", "async-pool"]
+
+
+@pytest.fixture(params=FORMS)
 def engine(request: pytest.FixtureRequest, shm_prefix: str, each_lanes: str) -> Iterator[Engines]:
     if request.param.startswith("async") and each_lanes != "cpu":
         pytest.skip("the lanes are the engine's: the asyncio form runs on CPU lanes only")

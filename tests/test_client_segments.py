@@ -89,7 +89,7 @@ def test_the_daemon_block_cannot_be_written_from_a_clients_mapping(
     daemon: DaemonProcess,
 ) -> None:
     with daemon.client() as client:
-        block = client._segment.bytes_at(HEADER_SIZE, 8)
+        block = client.transport.slot.segment.bytes_at(HEADER_SIZE, 8)
         with pytest.raises(TypeError):
             block[0] = 2
         fork = multiprocessing.get_context("fork")
@@ -97,7 +97,7 @@ def test_the_daemon_block_cannot_be_written_from_a_clients_mapping(
         writer.start()
         writer.join(30)
         assert writer.exitcode == -11  # SIGSEGV: the page is mapped read-only
-        assert client._control.state is DaemonState.READY
+        assert client.transport.control.state is DaemonState.READY
         client.attach("a")
         assert take(client, "a", 3)
 

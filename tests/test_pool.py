@@ -3,13 +3,14 @@ daemon's death lost by its own sessions alone (real processes, real kills)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from daemon_harness import DaemonProcess, Deadline
 
-from rte.client import AdmissionError, EngineGone, PoolClient, connect, connect_pool
+from rte.client import AdmissionError, EngineGone, PoolClient, connect, connect_async, connect_pool
 from rte.contract import NoticeKind
 from rte.models.null import tag_of
 from rte.protocol.names import DaemonNames
@@ -151,3 +152,41 @@ def test_a_pool_with_a_daemon_down_serves_on_the_others_and_takes_it_back(
                 batch = client.poll_batch(timeout=0.5)
                 if batch is not None:
                     batch.release()
+
+
+def test_an_asyncio_pool_found_by_name_spreads_and_loses_a_dead_daemons_sessions_only(
+    daemons: list[DaemonProcess], shm_prefix: str
+) -> None:
+    """connect_async("NAME") is the pool of NAME-* (it said no daemon was named
+    NAME): one loop waits on both daemons' descriptors, and a killed one costs
+    its own session alone, told as a notice, while the other streams on."""
+    for d in daemons:
+        d.client().close()  # both up
+
+    async def main() -> None:
+        async with connect_async(f"{shm_prefix}p", timeout=30) as client:
+            await client.attach("a")
+            await client.attach("b")
+            homes = client.transport.home  # type: ignore[attr-defined]
+            assert {homes["a"], homes["b"]} == {d.name for d in daemons}
+            doomed = next(d for d in daemons if d.name == homes["b"])
+            seen: dict[str, list[int]] = {"a": [], "b": []}
+            lost: list[str] = []
+            limit = Deadline(what="the lost session's notice and the survivor's stream")
+            while not lost or len(seen["a"]) < 20:
+                limit.check({s: len(v) for s, v in seen.items()})
+                if len(seen["b"]) >= 3 and doomed.process.poll() is None:
+                    doomed.kill()
+                batch = await client.poll_batch(timeout=0.5)
+                if batch is not None:
+                    with batch:
+                        for session, chunk in zip(batch.sessions, batch.chunks, strict=True):
+                            seen[session].append(int(chunk))
+                lost += [n.message for n in client.notices() if n.kind is NoticeKind.ERROR]
+            assert "EngineGone" in lost[0] and doomed.name in lost[0]
+            assert client.sessions == {"a"}
+            with pytest.raises(EngineGone, match=doomed.name):
+                await client.act("b", {"tag": 1})
+            assert seen["a"] == list(range(len(seen["a"])))  # no gap on the survivor
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -1,4 +1,4 @@
-"""Clients of an engine: one interface, two forms.
+"""Clients of an engine: one interface, one core, three transports.
 
 - :class:`EngineClient` — the interface: ``attach``, ``act``, ``reset``,
   ``detach``, ``poll``, ``results``, ``notices``, ``held``, ``close`` and ``with``.
@@ -6,10 +6,14 @@
   local process: ``connect("mydaemon")``.
 - :class:`InProcessClient` — over an engine in this process, served on a thread
   of its own: ``connect()`` (the reference model) or ``InProcessClient(engine)``.
+- :class:`PoolClient` — over several daemons as one: ``connect_pool([...])``, or
+  ``connect("NAME")`` when ``NAME-0``, ``NAME-1``... run.
 
-Both hand out :class:`Chunk` s and raise only :mod:`rte.errors` classes.
-:func:`connect_async` gives either as an :class:`AsyncClient`, the same
-interface for asyncio code (``await client.attach(...)``, ``async for``).
+Each is the one client core (:mod:`rte.client.core`) over its transport
+(:mod:`rte.client.transport`); all hand out :class:`Chunk` s and raise only
+:mod:`rte.errors` classes. :func:`connect_async` gives any of them as an
+:class:`AsyncClient`, the same core and transport for asyncio code
+(``await client.attach(...)``, ``async for``).
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import re
 from rte.client.aio import AsyncClient, Connecting
 from rte.client.base import Chunk, EngineClient
 from rte.client.batch import ChunkBatch
-from rte.client.inprocess import InProcessClient
-from rte.client.pool import PoolClient
-from rte.client.shm import ShmClient
+from rte.client.inprocess import InProcessClient, InProcessTransport
+from rte.client.pool import PoolClient, PoolTransport
+from rte.client.shm import ShmClient, ShmTransport
 from rte.composed import ComposedEngine
 from rte.contract import Notice, NoticeKind
 from rte.errors import (
@@ -104,16 +108,24 @@ def connect_async(
     """:func:`connect` for asyncio code: ``client = await connect_async("d")``, or
     ``async with connect_async("d") as client:`` (closed on the way out).
 
-    The client sleeps on a file descriptor its loop watches (the daemon rings
-    it only when the client sleeps): no thread per connection, no polling.
-    Raises what :func:`connect` raises, when awaited.
+    The client sleeps on the file descriptors its loop watches (each daemon rings
+    its own only when the client sleeps): no thread per connection, no polling.
+    ``NAME-0``, ``NAME-1``... are one pool, as for :func:`connect`. Raises what
+    :func:`connect` raises, when awaited.
     """
     if name is None:
         return Connecting(
-            lambda: InProcessClient(ComposedEngine(load_model(model, max_sessions=max_sessions)))
+            lambda: InProcessTransport(ComposedEngine(load_model(model, max_sessions=max_sessions)))
         )
     daemon = name
-    return Connecting(lambda: ShmClient(daemon, timeout=timeout, wake="fd"))
+
+    def transport() -> ShmTransport | PoolTransport:
+        replicas = replicas_of(daemon)
+        if replicas:
+            return PoolTransport(replicas, timeout=timeout)
+        return ShmTransport(daemon, timeout=timeout, wake="fd")
+
+    return Connecting(transport)
 
 
 __all__ = [

@@ -13,12 +13,13 @@
 
     asyncio.run(main())
 
-It wraps a client of either form (:class:`~rte.client.shm.ShmClient` connected
-with ``wake="fd"``, or :class:`~rte.client.inprocess.InProcessClient`) and
-keeps its behaviour (request numbering, sorting what arrives, the held count)
-where it is; only the waiting is the loop's. A client sleeps on a file
-descriptor (the daemon's FIFO for this client slot, or an eventfd the
-in-process serve thread writes) registered with ``loop.add_reader``, after
+It is the same :class:`~rte.client.core.ClientCore` as the sync client (request
+numbering, answers, sorting what arrives, the held count) over the same
+transports (:mod:`rte.client.transport`: one daemon's shared memory woken by
+its FIFO, an engine on a thread of this process, a pool of daemons); only the
+waiting is the loop's. A client sleeps on its transport's file descriptors
+(the daemon's FIFO for this client slot, one per pool member, or an eventfd
+the in-process serve thread writes) registered with ``loop.add_reader``, after
 announcing the sleep by the ring's protocol, so the engine wakes it only when
 it sleeps and one loop serves many connections with no thread and no polling
 between wake-ups (a liveness check runs every :data:`CHECK_EVERY_S` s; a
@@ -38,13 +39,14 @@ from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from typing import Any, TypeVar
 
 from rte.client import arguments
-from rte.client.base import Chunk, EngineClient, R
 from rte.client.batch import ChunkBatch
+from rte.client.core import Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
-from rte.contract import Action, Manifest, Notice
+from rte.client.transport import Transport
+from rte.contract import Manifest, Notice
 from rte.errors import ClientClosedError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Request
 
 T = TypeVar("T")
 CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often
@@ -58,18 +60,20 @@ class AsyncClient:
     :class:`~rte.client.base.EngineClient`, awaited where they wait.
     """
 
-    def __init__(self, client: EngineClient) -> None:
-        self._client = client
-        self.name = client.name
-        self.manifest: Manifest = client.manifest
-        self._news: asyncio.Future[None] | None = None  # set while a task sleeps on the fd
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self._core = core = ClientCore(transport.name, transport.manifest, transport.give_back)
+        transport.number_with(core.next_seq)
+        self.name: str = transport.name
+        self.manifest: Manifest = transport.manifest
+        self._news: asyncio.Future[None] | None = None  # set while a task sleeps on the fds
         self._wake: asyncio.Future[None] | None = None  # what that task awaits
         self._closing = False
 
     @property
     def sessions(self) -> set[str]:
         """The sessions this client has attached and not yet seen leave."""
-        return self._client.sessions
+        return self._core.sessions
 
     @property
     def closed(self) -> bool:
@@ -77,12 +81,13 @@ class AsyncClient:
 
     def held(self) -> int:
         """Chunks handed out and not yet released."""
-        return self._client.held()
+        return self._core.held()
 
     def notices(self) -> list[Notice]:
         """Drain the notices that were not answers to a call (does not wait)."""
         self._check_open()
-        return self._client.notices()
+        self._pump()
+        return self._core.drain_notices()
 
     # -- sessions -------------------------------------------------------------
 
@@ -96,64 +101,61 @@ class AsyncClient:
         priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """As :meth:`EngineClient.attach`."""
-        session, credits = arguments.session(session), arguments.credits(credits)
-        conditioning = arguments.conditioning(conditioning, "attach")
         timeout = arguments.timeout(timeout)
         self._check_open()
-        seq = self._client._next_seq()
-        request = Attach(session, dict(conditioning or {}), seq, credits, priority)
-        await self._call(request, timeout)
+        await self._call(self._core.attach(session, conditioning, credits, priority), timeout)
 
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
     ) -> int:
         """As :meth:`EngineClient.act` (returns its seq): waits only for room in the
         request ring."""
-        session, timeout = arguments.session(session), arguments.timeout(timeout)
-        conditioning = arguments.conditioning(conditioning, "act", required=True) or {}
+        request = self._core.act(session, conditioning)
+        deadline = time.monotonic() + arguments.timeout(timeout)
         self._check_open()
-        deadline = time.monotonic() + timeout
-        request = Act(session, Action(dict(conditioning)), self._client._next_seq())
         await self._send_lent(await self._lend(request, deadline), deadline)
         return request.seq
 
     async def loan(self, shape: tuple[int, ...], dtype: Any, *, timeout: float = 1.0) -> InputLoan:
         """As :meth:`EngineClient.loan`, waiting (yielding) for input quota."""
-        client = self._client
-        return await self._retry(lambda: client.loan(shape, dtype, timeout=0.0), timeout)
+        self._core.check_open()
+        transport = self.transport
+        return await self._retry(lambda: transport.loan(shape, dtype, 0.0), timeout)
 
     async def reset(
         self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
     ) -> None:
         """As :meth:`EngineClient.reset`."""
-        session, timeout = arguments.session(session), arguments.timeout(timeout)
-        conditioning = arguments.conditioning(conditioning, "reset")
+        request = self._core.reset(session, conditioning)
+        timeout = arguments.timeout(timeout)
         self._check_open()
-        fresh = None if conditioning is None else dict(conditioning)
-        await self._call(Reset(session, fresh, self._client._next_seq()), timeout)
+        await self._call(request, timeout)
 
     async def detach(self, session: str, *, timeout: float = 5.0) -> None:
         """As :meth:`EngineClient.detach`."""
-        session, timeout = arguments.session(session), arguments.timeout(timeout)
+        request = self._core.detach(session)
+        timeout = arguments.timeout(timeout)
         self._check_open()
-        await self._call(Detach(session, seq=self._client._next_seq()), timeout)
+        await self._call(request, timeout)
 
     # -- results --------------------------------------------------------------
 
     async def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
         """The next step's chunks as one batch, or None after ``timeout`` s."""
         deadline = time.monotonic() + arguments.timeout(timeout)
-        while await self._until(self._has_chunks, deadline - time.monotonic()):
-            if (batch := self._client.poll_batch(0.0)) is not None:
-                return batch  # (else another task took it first)
+        core = self._core
+        while await self._until(core.has_chunks, deadline - time.monotonic()):
+            if core.has_chunks():
+                return core.take_batch()  # (else another task took it first)
         return None
 
     async def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, or None after ``timeout`` s."""
         deadline = time.monotonic() + arguments.timeout(timeout)
-        while await self._until(self._has_chunks, deadline - time.monotonic()):
-            if (chunk := self._client.poll(0.0)) is not None:
-                return chunk
+        core = self._core
+        while await self._until(core.has_chunks, deadline - time.monotonic()):
+            if core.has_chunks():
+                return core.take_chunk()
         return None
 
     async def results(self, timeout: float = 1.0) -> AsyncIterator[Chunk]:
@@ -170,9 +172,10 @@ class AsyncClient:
             return
         self._closing = True
         _resolve(self._wake)
-        while self._news is not None:  # the sleeping task leaves the descriptor first
+        while self._news is not None:  # the sleeping task leaves the descriptors first
             await asyncio.wait([self._news], timeout=1.0)
-        await asyncio.to_thread(self._client.close)
+        if self._core.close():
+            await asyncio.to_thread(self.transport.close)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -186,36 +189,38 @@ class AsyncClient:
         if self._closing:
             raise ClientClosedError(f"this client of {self.name!r} is closed; connect again")
 
-    def _has_chunks(self) -> bool:
-        return bool(self._client._batches)
+    def _pump(self) -> None:
+        """Sort what arrived (at once)."""
+        core = self._core
+        core.sort(self.transport.receive(core.release_rows))
 
-    async def _call(self, request: Attach | Reset | Detach, timeout: float) -> None:
-        client = self._client
-        seq = client._expect(request)
+    async def _call(self, request: Call, timeout: float) -> None:
+        core = self._core
+        seq = core.expect(request)
         deadline = time.monotonic() + timeout
         try:
             await self._send_lent(await self._lend(request, deadline), deadline)
             left = deadline - time.monotonic()
-            if not await self._until(lambda: seq in client._replies, left):
-                raise client._unanswered(request, timeout)
+            if not await self._until(lambda: core.answered(seq), left):
+                raise core.unanswered(request, timeout)
         finally:
-            client._waiting.pop(seq, None)
-        client._answer(seq)
+            core.forget(seq)
+        core.answer(seq)
 
-    async def _lend(self, request: R, deadline: float) -> R:
+    async def _lend(self, request: Request, deadline: float) -> Request:
         """The request with its large arrays lent by slot, waiting (yielding) for quota."""
-        client = self._client
-        return await self._retry(lambda: client._lend(request, 0.0), deadline - time.monotonic())
+        transport = self.transport
+        return await self._retry(lambda: transport.lend(request, 0.0), deadline - time.monotonic())
 
     async def _send_lent(self, request: Request, deadline: float) -> None:
         """Hand the request over, retrying (yielding) while the ring is full; a
         request that could not be sent gives back the slots it was lent."""
-        client = self._client
+        transport = self.transport
         try:
-            await self._retry(lambda: client._send(request, 0.0), deadline - time.monotonic())
+            await self._retry(lambda: transport.send(request), deadline - time.monotonic())
         except BaseException:
-            if not client.closed:  # (closed: its slab is unmapped, the daemon reclaims)
-                client._unlend(request)
+            if not self._core.closed:  # (closed: its slab is unmapped, the daemon reclaims)
+                transport.unlend(request)
             raise
 
     async def _retry(self, attempt: Callable[[], T], timeout: float) -> T:
@@ -236,17 +241,16 @@ class AsyncClient:
     async def _until(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``ready()`` (sorting what arrives meanwhile) or ``timeout`` s pass."""
         self._check_open()
-        client = self._client
         if ready():
             return True
-        client._pump(0.0)
+        self._pump()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not ready():
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            if self._news is not None:  # another task sleeps on the descriptor
+            if self._news is not None:  # another task sleeps on the descriptors
                 await asyncio.wait([self._news], timeout=left)
                 self._check_open()
                 continue
@@ -254,31 +258,33 @@ class AsyncClient:
             try:
                 await self._sleep(loop, min(left, CHECK_EVERY_S))
                 self._check_open()
-                client._pump(0.0)
+                self._pump()
             finally:
                 self._news = None
                 news.set_result(None)
         return True
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, budget: float) -> None:
-        """Sleep on the client's descriptor (announced, so the engine rings it) for
-        at most ``budget`` s; then check that the engine lives."""
-        client = self._client
-        fd = client._wake_fd()  # first: the engine may ring as soon as the sleep is announced
-        if client._arm():
+        """Sleep on the transport's descriptors (announced, so the engine rings them)
+        for at most ``budget`` s; then check that the engine lives."""
+        transport = self.transport
+        fds = transport.wake_fds()  # first: the engine may ring once the sleep is announced
+        if transport.arm():
             return
         wake = self._wake = loop.create_future()
-        loop.add_reader(fd, _resolve, wake)
+        for fd in fds:
+            loop.add_reader(fd, _resolve, wake)
         timer = loop.call_later(budget, _resolve, wake)
         try:
             await wake
         finally:
             timer.cancel()
-            loop.remove_reader(fd)
+            for fd in fds:
+                loop.remove_reader(fd)
             self._wake = None
-            alive = client._disarm()
+            alive = transport.disarm()
         if not self._closing:
-            client._check_live(alive)
+            transport.check_live(alive)
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:
@@ -290,7 +296,7 @@ class Connecting:
     """What :func:`rte.client.connect_async` returns: await it for the client, or
     use it in ``async with`` (which closes the client on the way out)."""
 
-    def __init__(self, make: Callable[[], EngineClient]) -> None:
+    def __init__(self, make: Callable[[], Transport]) -> None:
         self._make = make
         self._client: AsyncClient | None = None
 

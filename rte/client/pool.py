@@ -6,17 +6,22 @@
         client.attach("alice", {"prompt": "a forest"})  # to the daemon with most room
         for chunk in client.results(timeout=1.0): ...
 
-Sessions are sticky: a session lives on the daemon it was admitted to, and
-every request about it goes there. Admission goes to the daemon with the most
-free rows (then the fewest of this pool's sessions); a daemon that refuses
-(full meanwhile) passes the attach to the next; a pool with no room raises
-AdmissionError.
+:class:`PoolTransport` is a transport over the pool's daemons
+(:class:`~rte.client.members.Members`: one
+:class:`~rte.client.shm.ShmTransport` per daemon, woken through its FIFO), so
+one wait covers every daemon: a sync client polls all their descriptors at
+once, an asyncio one (``connect_async("gpu")``) watches them all with
+``add_reader``.
 
-Each member is a :class:`~rte.client.shm.ShmClient` woken through its FIFO
-(``wake="fd"``), so one wait covers every daemon: the pool announces a sleep
-on each member's ring and polls all their descriptors at once. When a daemon
-dies, only its sessions are lost: each gets an ERROR notice that says
-``EngineGone`` and which daemon, calls naming them raise
+Sessions are sticky: a session lives on the daemon it was admitted to, and
+every request about it goes there. An attach is placed explicitly, by its own
+record (:class:`Placing`): the daemons in order of most free rows (then fewest
+of this pool's sessions); it goes to the first, and a daemon that refuses it
+(full meanwhile) passes it to the next, so the caller sees one answer: the
+first daemon's ATTACHED, or one REJECTED that names every daemon's refusal.
+
+When a daemon dies, only its sessions are lost: each gets an ERROR notice that
+says ``EngineGone`` and which daemon, calls naming them raise
 :class:`~rte.errors.EngineGone`, and the other daemons' sessions go on without
 a gap. With ``reattach=True`` the pool attaches them again elsewhere with
 their last conditioning (their stream restarts at chunk 0; an ATTACHED notice
@@ -26,245 +31,253 @@ says where), as far as there is room.
 from __future__ import annotations
 
 import contextlib
-import select
 import time
-import types
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rte.client.base import EngineClient, R, until_admitted
-from rte.client.batch import ChunkBatch
-from rte.client.shm import ShmClient
+from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch, Release
+from rte.client.inputs import InputLoan, loan_layout
+from rte.client.members import Members
+from rte.client.shm import ShmTransport, SlotLease
+from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RteError
-from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.claims import ClientState
 from rte.protocol.inputs import conditioning_of
-from rte.protocol.requests import Act, Attach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset
 from rte.protocol.values import InputRef
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
 
 
-class PoolClient(EngineClient):
-    """Clients of the daemons ``names``, as one; build it with
-    :func:`rte.client.connect_pool` (or ``connect("NAME")`` for ``NAME-*``)."""
+@dataclass
+class Placing:
+    """An attach in flight: the request as the caller made it (its arrays not yet
+    lent), the daemons still to try, where it went, and who refused it."""
+
+    request: Attach
+    order: list[str]
+    member: str = ""
+    refused: list[str] = field(default_factory=list)
+
+
+class PoolTransport(Transport):
+    """The daemons ``names`` as one transport; see the module."""
 
     def __init__(
         self, names: list[str], *, timeout: float | None = None, reattach: bool = False
     ) -> None:
-        if not names:
-            raise ValueError("a pool needs at least one daemon")
-        self._pending: list[ChunkBatch | Notice] = []  # notices of lost sessions, to hand out
-        self.members: dict[str, ShmClient] = {}
-        self.missing: list[str] = []  # daemons down when tried: tried again at each attach
-        gone: list[str] = []
-        try:
-            for name in names:
-                try:
-                    self.members[name] = ShmClient(name, timeout=timeout, wake="fd")
-                except EngineGone as exc:  # down (restarting, say): the pool goes on without
-                    self.missing.append(name)
-                    gone.append(str(exc))
-        except BaseException:
-            for member in self.members.values():
-                member.close()
-            raise
-        if not self.members:
-            raise EngineGone(f"no daemon of the pool is up: {'; '.join(gone)}")
-        first = next(iter(self.members))
-        manifest = self.members[first].manifest
-        for name, member in self.members.items():
-            m = member.manifest
-            if (m.latent_shape, m.latent_dtype) != (manifest.latent_shape, manifest.latent_dtype):
-                self._close_members()
-                raise RteError(
-                    f"daemon {name!r} makes {m.latent_dtype}{m.latent_shape} chunks, "
-                    f"{first!r} {manifest.latent_dtype}{manifest.latent_shape}: not one pool"
-                )
-        super().__init__("+".join(names), manifest)
+        self.daemons = Members(names, timeout)
+        self.members = self.daemons.by_name  # name -> that daemon's transport
+        self.missing = self.daemons.missing  # down when tried: tried again at each attach
+        self.name, self.manifest = "+".join(names), self.daemons.manifest
         self.reattach = reattach
         self.home: dict[str, str] = {}  # session -> the daemon it lives on
         self._lost: dict[str, str] = {}  # session -> why (its daemon died)
         self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
-        self._choice: str | None = None  # the daemon an attach in flight goes to
+        self._placing: dict[int, Placing] = {}  # seq of an attach in flight -> its placing
         self._reattaching: dict[int, str] = {}  # seq of a reattach -> its session
+        self._pending: list[Arrival] = []  # what lost sessions leave, to hand out
+        self._numbering: Numbering = lambda: 0
 
-    # -- admission ------------------------------------------------------------
+    def number_with(self, numbering: Numbering) -> None:
+        self._numbering = numbering
 
     def live(self) -> list[str]:
-        return [n for n, m in self.members.items() if not m.closed]
+        return self.daemons.live()
 
     def free_rows(self, name: str) -> int:
         """Rows of daemon ``name`` no client's session holds (its table says)."""
-        member = self.members[name]
-        held = sum(e.sessions for e in member._table.entries() if e.state is ClientState.ACTIVE)
-        return member.manifest.max_sessions - held
+        return self.daemons.free_rows(name)
 
-    def attach(
-        self,
-        session: str,
-        conditioning: Mapping[str, Any] | None = None,
-        *,
-        credits: int = 0,
-        timeout: float = 5.0,
-        priority: int = DEFAULT_PRIORITY,
-        wait: float = 0.0,
-    ) -> None:
-        """As :meth:`EngineClient.attach`, on the daemon with the most free rows; a
-        daemon that refuses (rows, or its real-time capacity) passes it to the next.
-        ``wait``: seconds to keep trying them all while every one refuses."""
-        until_admitted(
-            lambda: self._attach_once(session, conditioning, credits, timeout, priority), wait
-        )
+    # -- requests out -----------------------------------------------------------
 
-    def _attach_once(
-        self,
-        session: str,
-        conditioning: Mapping[str, Any] | None,
-        credits: int,
-        timeout: float,
-        priority: int,
-    ) -> None:
-        self._check_open()
-        self._rejoin()
-        if not self.live():
-            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
-        mine = {n: 0 for n in self.members}
-        for name in self.home.values():
-            mine[name] += 1
-        order = sorted(self.live(), key=lambda n: (-self.free_rows(n), mine[n]))
-        if session in self.home:  # attached already: the daemon says so
-            order = [self.home[session]]
-        refused = []
-        for name in order:
-            self._choice = name
-            try:
-                super().attach(
-                    session, conditioning, credits=credits, timeout=timeout, priority=priority
-                )
-            except AdmissionError as exc:
-                refused.append(f"{name}: {exc}")
-                continue
-            except EngineGone:
-                self._lose(name)
-                continue
-            finally:
-                self._choice = None
-            self.home[session] = name
-            self._lost.pop(session, None)
-            self._last[session] = dict(conditioning or {})
-            return
-        raise AdmissionError(
-            "every daemon of the pool is full" + (f" ({'; '.join(refused)})" if refused else "")
-        )
-
-    # -- transport ------------------------------------------------------------
-
-    def _send(self, request: Request, timeout: float) -> None:
+    def send(self, request: Request, room_s: float = 0.0) -> None:
         session = request.session
         if session in self._lost:
             raise EngineGone(self._lost[session])
-        name = self._choice if isinstance(request, Attach) else self.home.get(session)
-        if name is None:  # not ours: any daemon answers that it is not attached
-            name = (self.live() or [""])[0]
-            if not name:
-                raise EngineGone(f"every daemon of pool {self.name!r} is gone")
+        if isinstance(request, Attach):
+            return self._place(request, room_s)
+        name = self.home.get(session) or next(iter(self.live()), "")
+        if not name:  # not ours: any daemon answers that it is not attached
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
         try:
-            self.members[name]._send(request, timeout)
+            self.members[name].send(request, room_s)
         except EngineGone:
             self._lose(name)
             raise
         # what a reattach sends again (a frame lent by slot is the daemon's: not kept)
-        kept = {
-            k: v for k, v in (conditioning_of(request) or {}).items() if type(v) is not InputRef
-        }
+        kept = _kept(request)
         if isinstance(request, Reset) and request.conditioning is not None:
             self._last[session] = kept  # replaced whole
         elif isinstance(request, Act) and session in self._last:
             self._last[session].update(kept)
+        elif isinstance(request, Detach):
+            self._last.pop(session, None)
 
-    def _receive(self, timeout: float) -> list[ChunkBatch | Notice]:
-        out = self._collect()
-        if not out and not self.live():  # (what was pending is handed out first)
+    def loan(self, shape: tuple[int, ...], dtype: Any, timeout: float) -> InputLoan:
+        shape, dtype, _ = loan_layout(shape, dtype)  # which daemon it goes to is not known
+        return InputLoan(np.empty(shape, dtype), None)
+
+    def lend(self, request: Request, timeout: float) -> Request:
+        """Through its session's daemon's input slab (an attach: where it is placed)."""
+        member = self._home_member(request)
+        return request if member is None else member.lend(request, timeout)
+
+    def unlend(self, request: Request) -> None:
+        member = self._home_member(request)
+        if member is not None:
+            member.unlend(request)
+
+    def _home_member(self, request: Request) -> ShmTransport | None:
+        if isinstance(request, Attach):
+            return None  # placed (and lent) by _place, member by member
+        member = self.members.get(self.home.get(request.session, ""))
+        return None if member is None or member.closed else member
+
+    # -- placing an attach --------------------------------------------------------
+
+    def _place(self, request: Attach, room_s: float) -> None:
+        self.daemons.rejoin()
+        if not self.live():
             raise EngineGone(f"every daemon of pool {self.name!r} is gone")
-        if out or timeout <= 0:
-            return out
-        deadline = time.monotonic() + timeout
-        while not out:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.live():
-                break
-            self._sleep(min(left, CHECK_EVERY_S))
-            out = self._collect()
-        return out
+        placing = Placing(request, self._order(request.session))
+        if not self._try_next(placing, room_s):
+            if not self.live():
+                raise EngineGone(f"every daemon of pool {self.name!r} is gone")
+            raise AdmissionError(self._refusal(placing))
 
-    def _sleep(self, budget: float) -> None:
-        """Announce a sleep on every member, then wait on all their descriptors."""
-        armed = []
-        try:
-            for name in self.live():
-                if self.members[name]._arm():
-                    return  # something came meanwhile
-                armed.append(name)
-            poller = select.poll()
-            for name in armed:
-                poller.register(self.members[name]._wake_fd(), select.POLLIN)
-            poller.poll(budget * 1000)
-        finally:
-            for name in armed:
-                member = self.members[name]
-                alive = member._disarm()
-                try:
-                    member._check_live(alive)
-                except EngineGone:
-                    self._lose(name)
+    def _order(self, session: str) -> list[str]:
+        """Its daemon when it is attached already (the daemon says so); else the
+        live ones, most free rows first, then fewest of this pool's sessions."""
+        if session in self.home:
+            return [self.home[session]]
+        mine = {n: 0 for n in self.members}
+        for name in self.home.values():
+            mine[name] += 1
+        return sorted(self.live(), key=lambda n: (-self.free_rows(n), mine[n]))
 
-    def _collect(self) -> list[ChunkBatch | Notice]:
-        out: list[ChunkBatch | Notice] = []
-        for name in self.live():
+    def _try_next(self, placing: Placing, room_s: float, *, quiet: bool = False) -> bool:
+        """Send the attach to the next daemon of its order that takes the request;
+        False when none is left. ``quiet``: a daemon that cannot take it (ring
+        full, no input slot) counts as a refusal, not an error to the caller."""
+        while placing.order:
+            name = placing.order.pop(0)
             member = self.members[name]
+            if member.closed:
+                continue
             try:
-                items = member._receive(0.0)
+                lent = member.lend(placing.request, room_s)
+                try:
+                    member.send(lent, room_s)
+                except BaseException:
+                    member.unlend(lent)
+                    raise
+            except EngineGone:
+                self._lose(name)
+                continue
+            except RteError as exc:
+                if not quiet:
+                    raise
+                placing.refused.append(f"{name}: {exc}")
+                continue
+            placing.member = name
+            self._placing[placing.request.seq] = placing
+            return True
+        return False
+
+    @staticmethod
+    def _refusal(placing: Placing) -> str:
+        refused = placing.refused
+        return "every daemon of the pool is full" + (f" ({'; '.join(refused)})" if refused else "")
+
+    # -- arrivals in ------------------------------------------------------------
+
+    def receive(self, release: Release) -> list[Arrival]:
+        out: list[Arrival] = []
+        for name in self.live():
+            try:
+                items = self.members[name].receive(release)
             except EngineGone:
                 self._lose(name)
                 continue
             for item in items:
-                if isinstance(item, ChunkBatch):
-                    item.lease = (member, item.lease)
-                    item._release = self._release_rows
-                elif item.kind is NoticeKind.ATTACHED:
-                    self.home[item.session] = name
-                    self._lost.pop(item.session, None)
-                    self._reattaching.pop(item.seq, None)
-                elif self._reattaching.pop(item.seq, None) is not None:
-                    pass  # a reattach refused: the session stays lost
-                elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
-                    del self.home[item.session]  # (a reset's ATTACHED, next, puts it back)
-                out.append(item)
+                if isinstance(item, Notice):
+                    answer = self._sorted(name, item)
+                    if answer is not None:
+                        out.append(answer)
+                else:
+                    out.append(item)
         out += self._pending
         self._pending = []
+        if not out and not self.live():  # (what was pending is handed out first)
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
         return out
 
-    def _give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
-        member, lease = batch.lease
-        if not member.closed:
-            member._give_back(types.SimpleNamespace(lease=lease), rows)  # (it reads .lease)
+    def _sorted(self, name: str, item: Notice) -> Notice | None:
+        """Member ``name``'s notice, as the caller is to see it (None: not at all)."""
+        placing = self._placing.pop(item.seq, None) if item.seq else None
+        if placing is not None and item.kind is NoticeKind.REJECTED:
+            placing.refused.append(f"{name}: {item.message}")
+            if self._try_next(placing, 0.0, quiet=True):
+                return None  # the next daemon answers
+            return Notice(item.session, NoticeKind.REJECTED, self._refusal(placing), item.seq)
+        if item.kind is NoticeKind.ATTACHED:
+            self.home[item.session] = name
+            self._lost.pop(item.session, None)
+            self._reattaching.pop(item.seq, None)
+            if placing is not None:
+                self._last[item.session] = _kept(placing.request)
+        elif self._reattaching.pop(item.seq, None) is not None:
+            pass  # a reattach refused: the session stays lost
+        elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
+            del self.home[item.session]  # (a reset's ATTACHED, next, puts it back)
+        return item
 
-    def _shutdown(self) -> None:
-        self._close_members()
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._pending or not self.live() or self.daemons.ready():
+                return True  # (none live: receive says so)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for name in self.daemons.sleep(min(left, CHECK_EVERY_S)):
+                self._lose(name)
 
-    def _close_members(self) -> None:
-        for member in self.members.values():
-            with contextlib.suppress(Exception):
-                member.close()
+    def give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        lease: SlotLease = batch.lease
+        if not lease.transport.closed:
+            lease.transport.give_back(batch, rows)
+
+    # -- waiting on an event loop -------------------------------------------
+
+    def wake_fds(self) -> list[int]:
+        return self.daemons.wake_fds()
+
+    def arm(self) -> bool:
+        return bool(self._pending) or self.daemons.arm()
+
+    def disarm(self) -> bool:
+        for name in self.daemons.disarm():
+            self._lose(name)
+        return True
+
+    def check_live(self, alive: bool = True) -> None:
+        if not self.live() and not self._pending:
+            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
+
+    def close(self) -> None:
+        self.closed = True
+        self.daemons.close()
 
     # -- a daemon died ----------------------------------------------------------
 
     def _lose(self, name: str) -> None:
-        """Daemon ``name`` is gone: its sessions are lost (or attached elsewhere)."""
+        """Daemon ``name`` is gone: its sessions are lost (or attached elsewhere),
+        and an attach in flight to it goes on to the next daemon."""
         member = self.members[name]
         if member.closed:
             return
@@ -272,13 +285,18 @@ class PoolClient(EngineClient):
             member.close()
         why = f"EngineGone: daemon {name!r} of the pool died; its sessions are lost"
         lost = [s for s, home in self.home.items() if home == name]
-        pending: list[ChunkBatch | Notice] = []
         for session in lost:
             del self.home[session]
-            self.sessions.discard(session)
             self._lost[session] = why
-            pending.append(Notice(session, NoticeKind.ERROR, why))
-        self._pending += pending
+            self._pending += [Gone(session), Notice(session, NoticeKind.ERROR, why)]
+        for seq, placing in list(self._placing.items()):
+            if placing.member == name:
+                del self._placing[seq]
+                placing.refused.append(f"{name}: it died")
+                if not self._try_next(placing, 0.0, quiet=True):
+                    why_not = self._refusal(placing)
+                    session = placing.request.session
+                    self._pending.append(Notice(session, NoticeKind.REJECTED, why_not, seq))
         if self.reattach:
             for session in lost:
                 self._reattach(session)
@@ -288,49 +306,44 @@ class PoolClient(EngineClient):
         for name in sorted(self.live(), key=lambda n: -self.free_rows(n)):
             if self.free_rows(name) <= 0:
                 continue
-            request = Attach(session, dict(conditioning), self._next_seq())
+            member = self.members[name]
+            request = Attach(session, dict(conditioning), self._numbering())
             try:
-                self.members[name]._send(self.members[name]._lend(request, 1.0), 1.0)
+                member.send(member.lend(request, 0.0), 0.0)
             except RteError:
                 continue
             self._reattaching[request.seq] = session  # its ATTACHED makes it home again
             return
 
-    def _rejoin(self) -> None:
-        """Try the daemons that were down again (at once: no waiting)."""
-        for name in list(self.missing):
-            try:
-                self.members[name] = ShmClient(name, timeout=0.0, wake="fd")
-            except RteError:
-                continue
-            self.missing.remove(name)
 
-    def detach(self, session: str, *, timeout: float = 5.0) -> None:
-        super().detach(session, timeout=timeout)
-        self._last.pop(session, None)
+def _kept(request: Request) -> dict[str, Any]:
+    """``request``'s conditioning as a reattach sends it again (what went by slot
+    is the daemon's: not kept)."""
+    return {k: v for k, v in (conditioning_of(request) or {}).items() if type(v) is not InputRef}
 
-    # -- inputs by slot: each through its session's daemon's input slab -----------
 
-    def _lend(self, request: R, timeout: float) -> R:
-        name = self._choice if isinstance(request, Attach) else self.home.get(request.session)
-        member = self.members.get(name or "")
-        return request if member is None or member.closed else member._lend(request, timeout)
+class PoolClient(EngineClient):
+    """Clients of the daemons ``names``, as one; build it with
+    :func:`rte.client.connect_pool` (or ``connect("NAME")`` for ``NAME-*``).
 
-    def _unlend(self, request: Request) -> None:
-        name = self._choice if isinstance(request, Attach) else self.home.get(request.session)
-        member = self.members.get(name or "")
-        if member is not None and not member.closed:
-            member._unlend(request)
+    Attributes (its transport's): ``members`` (name -> that daemon's transport),
+    ``missing`` (daemons down when last tried), ``home`` (session -> its daemon),
+    ``reattach``; :meth:`live` and :meth:`free_rows`.
+    """
 
-    def _wake_fd(self) -> int:
-        raise RteError("a pool waits on several descriptors: use it from a thread, not asyncio")
+    transport: PoolTransport
 
-    def _arm(self) -> bool:
-        return False
+    def __init__(
+        self, names: list[str], *, timeout: float | None = None, reattach: bool = False
+    ) -> None:
+        super().__init__(PoolTransport(names, timeout=timeout, reattach=reattach))
+        pool = self.transport
+        self.members, self.missing, self.home = pool.members, pool.missing, pool.home
+        self.reattach = reattach
 
-    def _disarm(self) -> bool:
-        return True
+    def live(self) -> list[str]:
+        return self.transport.live()
 
-    def _check_live(self, alive: bool = True) -> None:
-        if not self.live():
-            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
+    def free_rows(self, name: str) -> int:
+        """Rows of daemon ``name`` no client's session holds (its table says)."""
+        return self.transport.free_rows(name)
