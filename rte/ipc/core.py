@@ -29,7 +29,7 @@ Each turn is bracketed by the serve loop's ``begin_turn``/``end_turn``: its
 cost model, real-time admission and overload governor are the in-process
 host's too. What they know (capacity, pace, sessions attached and reduced, the
 cost model, late ticks) is published in the control block for ``rte inspect``
-and Prometheus (:meth:`DaemonCore.publish_realtime`).
+and Prometheus (:func:`rte.ipc.figures.publish_realtime`).
 """
 
 from __future__ import annotations
