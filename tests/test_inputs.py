@@ -21,7 +21,7 @@ from rte.contract import Action, NoticeKind
 from rte.errors import WireError
 from rte.ipc.inspect import snapshot
 from rte.protocol.control import KIND_INPUTS
-from rte.protocol.inputs import OWNER
+from rte.protocol.inputs import OWNER, conditioning_of
 from rte.protocol.names import DaemonNames
 from rte.protocol.requests import Act
 from rte.protocol.values import InputRef
@@ -144,7 +144,8 @@ def test_stale_foreign_and_unreadable_references_are_their_senders_error(
         owner.attach("mine")
         thief.attach("a")
         loan = owner.loan(FRAME, "uint8")
-        ref = loan_ref = owner._lender.lend({"frame": loan.array}, 1.0)[0]["frame"]
+        lent = owner.transport.lend(Act("mine", Action({"frame": loan.array}), 999), 1.0)
+        ref = loan_ref = conditioning_of(lent)["frame"]  # published, never sent
         assert isinstance(loan_ref, InputRef)
         forged = [
             InputRef(ref.slot, ref.generation, "|u1", FRAME),  # another client's slot
@@ -153,7 +154,7 @@ def test_stale_foreign_and_unreadable_references_are_their_senders_error(
             InputRef(ref.slot, ref.generation, "|u1", (4096, 4096, 3)),  # larger than a slot
         ]
         for n, bad in enumerate(forged, 1):
-            thief._send(Act("a", Action({"frame": bad}), 1000 + n), 1.0)
+            thief.transport.send(Act("a", Action({"frame": bad}), 1000 + n), 1.0)
         said = errors(thief, len(forged))
         published = "frame: not a slot this client published in its input segment"
         assert sum(published in e for e in said) == len(forged), said
