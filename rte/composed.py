@@ -24,6 +24,10 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
   ever emitted stale or twice; a gap in a session's chunk indices marks
   discarded chunks. A failed detach leaves its session attached (to retry). A
   device that stays failed (a sticky CUDA error) ends the engine: :class:`EngineFault`.
+* **A session's state.** ``suspend`` takes a session out at a chunk boundary
+  as a :class:`~rte.state.SessionState` (its row freed) and ``resume`` puts it
+  back, in this engine or another, its frames those of a twin never suspended
+  (:mod:`rte.suspension`), for a model that exports its rows (``can_suspend``).
 * **Leaving stalls nobody.** A detach waits for no lane: the model forgets the
   row on HOT, after the HOT work queued for it (only an encode of that row still
   under way is waited for: it rewrites the row).
@@ -42,12 +46,14 @@ from typing import Any
 from rte.arena import Arena, Row
 from rte.contract import Action, Manifest, StepResult
 from rte.encodes import Encodes
-from rte.errors import AdmissionError, EngineClosedError, EngineFault
+from rte.errors import AdmissionError, EngineClosedError, EngineFault, RequestError
 from rte.lanes import Lane, Lanes, make_lanes
 from rte.outcomes import emitted_by_row, report_failed, step_results
 from rte.output import HeapAllocator, OutputAllocator
 from rte.pipeline import Pipeline
 from rte.stages import StageModel, check_conditioning, check_session_id, check_stages
+from rte.state import SessionState
+from rte.suspension import Suspension
 
 
 class ComposedEngine:
@@ -91,6 +97,7 @@ class ComposedEngine:
         self._quiet = True  # no row pending, encoding or with a heavy change staged
         self._closed = False
         self._encodes = Encodes(self.lanes, self._encode, self._arena.batch)
+        self._suspension = Suspension(model, self.lanes, self._arena, self._pipeline)
 
     # -- Level 1 ----------------------------------------------------------
 
@@ -102,18 +109,7 @@ class ComposedEngine:
         arena = self._arena
         if session in arena.by_session:
             return
-        if not self._midrun_attach and any(r.armed for r in arena.by_session.values()):
-            raise AdmissionError(
-                f"session {session!r} refused: this engine admits no arrivals while a cohort "
-                "runs (midrun_attach=False); retry once every session has detached"
-            )
-        free = arena.first_free()
-        if free is None:
-            raise AdmissionError(
-                f"session {session!r} refused: all {len(arena.rows)} rows are in use; "
-                "detach a session or retry later"
-            )
-        check_session_id(session)
+        free = self._admit(session)
         check_conditioning(self._model, self._keys, conditioning or {})
         arena.failed.pop(session, None)  # failed and not detached: it starts again
         arena.take(free, session, copy.deepcopy(dict(conditioning or {})))
@@ -184,6 +180,43 @@ class ComposedEngine:
                 raise
         self._free(row)
 
+    # -- a session's state out and back in (rte.suspension) ------------------
+
+    @property
+    def can_suspend(self) -> bool:
+        """Whether the model exports its rows' state (else ``suspend`` raises StateError)."""
+        return self._suspension.identity is not None
+
+    def suspend(self, session: str) -> SessionState:
+        """Take ``session`` out at this chunk boundary: its row is freed and its state
+        returned (the chunk in flight for it decoded into the state, its encode under
+        way waited for). StateError when the model cannot (``can_suspend``), and the
+        session stays attached; UnknownSessionError for a session not attached."""
+        self._check_open()
+        row = self._arena.lookup(session)
+        self._suspension.check(session)
+        self._settle_encodes(row)  # its encode under way, waited for
+        self._arena.lookup(session)  # (its own failure: it left, saying why)
+        state = self._suspension.take_out(row)
+        self._free(row)
+        return state
+
+    def resume(self, session: str, state: SessionState) -> None:
+        """Give ``session`` a row again as ``state`` left it: it goes on at its next
+        chunk index, its frames those of a session never suspended. AdmissionError
+        when no row is free; StateError for a state of another model, configuration
+        or version (or another session's); RequestError if it is attached."""
+        self._check_open()
+        if session in self._arena.by_session:
+            raise RequestError(
+                f"session {session!r} cannot resume: it is attached to this engine; "
+                "suspend or detach it first"
+            )
+        free = self._admit(session)
+        self._suspension.put_back(free, session, state)
+        self._arena.failed.pop(session, None)
+        self._quiet = False
+
     def check_action(self, session: str, action: Action) -> None:
         """Raise now what ``step`` would refuse this action for (unknown session,
         malformed conditioning), so a host can answer its sender at once."""
@@ -213,7 +246,24 @@ class ComposedEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- arming, encodes and a session's own failure ------------------------
+    # -- admission, arming, encodes and a session's own failure --------------
+
+    def _admit(self, session: str) -> int:
+        """The row a new session (attached or resumed) takes; AdmissionError if none."""
+        arena = self._arena
+        if not self._midrun_attach and any(r.armed for r in arena.by_session.values()):
+            raise AdmissionError(
+                f"session {session!r} refused: this engine admits no arrivals while a cohort "
+                "runs (midrun_attach=False); retry once every session has detached"
+            )
+        free = arena.first_free()
+        if free is None:
+            raise AdmissionError(
+                f"session {session!r} refused: all {len(arena.rows)} rows are in use; "
+                "detach a session or retry later"
+            )
+        check_session_id(session)
+        return free
 
     def _arm(self) -> None:
         pending = [r for r in self._arena.live() if not r.armed]
@@ -240,13 +290,15 @@ class ComposedEngine:
             r.armed = True
         return None
 
-    def _settle_encodes(self) -> None:
-        settled, failed = self._encodes.settle(self._arena.live())
+    def _settle_encodes(self, row: Row | None = None) -> None:
+        """Settle the completed encodes (``row``: wait for its own first)."""
+        encodes = self._encodes
+        settled, failed = encodes.finish(row) if row else encodes.settle(self._arena.live())
         if settled:
             self._arena.gen += 1
             self._arena.conditioning_gen += 1
-        for row, why in failed:
-            self._drop_failed(row, why)
+        for failed_row, why in failed:
+            self._drop_failed(failed_row, why)
 
     def _drop_failed(self, row: Row, why: str) -> None:
         """Free ``row``, whose own seed or encode failed (FAILED until it is detached);

@@ -14,6 +14,7 @@ one encode per step's changes, as before, and a set entry per row encoding alone
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -69,6 +70,17 @@ class Encodes:
             self._alone.discard(r)
             r.encoding, r.encoding_values = None, {}
         return settled, failed
+
+    def finish(self, row: Row) -> tuple[bool, list[tuple[Row, str]]]:
+        """Wait for the encode of ``row`` under way (and for its retry alone, if it was
+        a batch's that failed) and settle it, as :meth:`settle` says."""
+        settled_any, failed = False, list[tuple[Row, str]]()
+        while row.encoding is not None and not failed:
+            with contextlib.suppress(Exception):  # its failure is settled below
+                row.encoding.result()
+            settled, failed = self.settle([row])
+            settled_any = settled_any or settled
+        return settled_any, failed
 
     def forget(self, row: Row) -> None:
         """``row`` left the engine (its encode, if any, completes unread)."""

@@ -44,6 +44,16 @@ class WireError(RequestError):
     """
 
 
+class StateError(RequestError):
+    """A session's state was refused: a suspend on a model that cannot export its
+    rows (``engine.can_suspend`` is False), a resume of a state of another model,
+    configuration or format version, or bytes that are not a state (torn, garbled).
+
+    Nothing changed: a session refused a suspend stays attached, a refused resume
+    took no row. A resume refused for capacity is :class:`AdmissionError` instead.
+    """
+
+
 class AdmissionError(RteError):
     """An attach (or a connect) was refused for capacity: every row (or every
     client slot) is in use, or the engine refuses arrivals while a cohort runs

@@ -4,6 +4,9 @@
 the plan's hot rows (one batch, its marker set after HOT), DEFERRED on the
 batches decoded this step (each waits for its HOT marker, writes into the
 buffers the output side allocates, :mod:`rte.output`), then one ``publish``.
+Chunks a resumed session made before its suspend (:class:`Restored`) are
+held as any HOT batch is, and DEFERRED copies them into the buffers instead
+of decoding them.
 Pipelined (``pipeline_depth_chunks == 2``), DEFERRED(N-1) is issued before
 HOT(N), so on streams they overlap, and the HOT batch is held until a later
 step or finalize takes its rows. Nothing here waits for a lane but
@@ -74,16 +77,37 @@ class Pipeline:
         """Issue DEFERRED for ``batches`` (each after its HOT marker), then publish."""
         for batch in batches:
             self.output.allocate(batch)
-            self.lanes.wait(Lane.DEFERRED, batch.ready)
-            whole = batch.source[0] if batch.source is not None else batch
-            self.lanes.hand_over(whole.carry, Lane.DEFERRED)
-            if batch.source is not None:  # its rows of HOT's carry, taken once HOT made it
-                self.lanes.run(Lane.DEFERRED, batch.take_carry, whole)
-            for stage in self._deferred:
-                self.lanes.run(Lane.DEFERRED, stage.fn, batch)
+            self._issue(batch)
         if batches and publish:
             self.lanes.publish()
         return batches
+
+    def decode_apart(self, batches: list[Batch], allocator: OutputAllocator) -> list[Batch]:
+        """Decode ``batches`` into buffers of ``allocator``, not the engine's (their
+        chunks leave in a suspended session's state, never in a step's results)."""
+        for batch in batches:
+            batch.out = allocator.allocate(batch)
+            self._issue(batch)
+        if batches:
+            self.lanes.publish()
+        return batches
+
+    def hold_restored(self, batch: Restored) -> None:
+        """Hold chunks made before a suspend: the next step that takes their rows
+        emits them (copied into the engine's buffers) as it emits any in flight."""
+        self.output.hold(batch, None)
+
+    def _issue(self, batch: Batch) -> None:
+        self.lanes.wait(Lane.DEFERRED, batch.ready)
+        whole = batch.source[0] if batch.source is not None else batch
+        self.lanes.hand_over(whole.carry, Lane.DEFERRED)
+        if batch.source is not None:  # its rows of HOT's carry, taken once HOT made it
+            self.lanes.run(Lane.DEFERRED, batch.take_carry, whole)
+        if isinstance(whole, Restored):  # decoded before the suspend: copied, not decoded
+            self.lanes.run(Lane.DEFERRED, Restored.write, batch)
+            return
+        for stage in self._deferred:
+            self.lanes.run(Lane.DEFERRED, stage.fn, batch)
 
     def _hot_batch(self, plan: Plan, started: int) -> Batch | None:
         """Issue HOT for the plan's hot rows (None when none is hot)."""
@@ -133,3 +157,13 @@ class Pipeline:
             if self.fault is None:  # first seen now: say it as everywhere else
                 self.fault = fault
                 raise EngineFault(f"the engine's device failed: {fault}") from fault
+
+
+class Restored(Batch):
+    """Chunks a resumed session made before its suspend, decoded then (its state's
+    ``pending``): their frames are the batch's carry, and DEFERRED copies them."""
+
+    @staticmethod
+    def write(batch: Batch) -> None:
+        for out, frame in zip(batch.out, batch.carry["frames"], strict=True):
+            out[...] = frame

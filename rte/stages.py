@@ -2,7 +2,9 @@
 
 A model is a :class:`StageModel`: a manifest, an ordered list of lane-tagged
 :class:`Stage` s, and ``seed``/``detach`` (optionally ``seed_ready``,
-``check_conditioning``, ``heavy_keys``, ``heavy_equal``). Every stage works on
+``check_conditioning``, ``heavy_keys``, ``heavy_equal``, and the capability to
+export and import a row's state: ``state_identity``, ``export_rows``,
+``import_rows``, :mod:`rte.state`). Every stage works on
 a :class:`Batch`: the rows of one call, their conditioning, a ``carry`` from
 HOT to DEFERRED, and the output buffers DEFERRED writes each chunk into (as
 one ``(n, *shape)`` array too, ``out_block``, when they are one run). Where
@@ -23,6 +25,7 @@ import numpy as np
 from rte.conditioning import conditioning_equal
 from rte.contract import Manifest
 from rte.lanes import Lane
+from rte.state import ModelIdentity, RowState
 
 
 @dataclass
@@ -162,6 +165,27 @@ class StageModel(abc.ABC):
     def heavy_equal(self, key: str, a: Any, b: Any) -> bool:
         """Whether two values of heavy key ``key`` are the same (no re-encode needed)."""
         return conditioning_equal(a, b)
+
+    # -- optional: a row's state out and back in (suspend, resume, migration) ----
+
+    def state_identity(self) -> ModelIdentity | None:
+        """Whose row states this model exports and imports (its name, a digest of its
+        configuration and weights, its state format version); None (the default):
+        it cannot, and the engine refuses to suspend its sessions."""
+        return None
+
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        """The state of each of ``rows`` (seeded), at a chunk boundary, as host
+        arrays the model no longer writes (copies). Runs on HOT, after the HOT work
+        queued for them (and after any encode of them completed)."""
+        raise NotImplementedError(f"{type(self).__name__} does not export its rows")
+
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
+        """Make each of ``rows`` (free) hold its state in ``states``, exported by a model
+        of the same :meth:`state_identity`: the row then goes on as the exported one
+        would have. Runs on HOT; raise :class:`~rte.errors.StateError` for a state
+        that does not fit (:meth:`RowState.array` checks an array)."""
+        raise NotImplementedError(f"{type(self).__name__} does not import rows")
 
 
 def check_stages(model: StageModel, stages: Sequence[Stage]) -> None:

@@ -30,15 +30,18 @@ session's frames are the same solo and batched, in process and in a daemon.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rte.errors import StateError
 from rte.models import worldgen
 from rte.models.cost import CostDial
 from rte.models.prompt_move import PromptMoveModel
 from rte.stages import Batch
+from rte.state import ModelIdentity, RowState, digest_of
 
 WEIGHTS = Path(__file__).with_name("world_weights.npz")
 WEIGHTS_SHA256 = "caeb2fe596fdea4b3079b10811c0208865b5cb974df33c3dd10cc0094b4cb440"
@@ -129,6 +132,25 @@ def load_weights(path: Path = WEIGHTS, sha256: str | None = WEIGHTS_SHA256) -> d
     return weights
 
 
+def world_identity(
+    weights: dict[str, np.ndarray], view: int, hidden: int, refine: int
+) -> ModelIdentity:
+    """The identity of a world model's row states: its weights and widths (the NumPy
+    and the torch model of the same weights read each other's)."""
+    return ModelIdentity(
+        "world", digest_of(view, hidden, refine, *(weights[k] for k in sorted(weights)))
+    )
+
+
+def world_position(state: RowState) -> tuple[int, int]:
+    """A world row state's camera position; StateError when it is not two ints."""
+    position = state.meta.get("position")
+    if not isinstance(position, list | tuple) or len(position) != 2:
+        raise StateError(f"row state 'position': expected (y, x), got {position!r}")
+    y, x = (int(p) for p in position)
+    return y, x
+
+
 def _relu(x: np.ndarray) -> np.ndarray:
     out: np.ndarray = np.maximum(x, 0, out=x)
     return out
@@ -209,6 +231,24 @@ class LearnedWorldModel(PromptMoveModel):
     def detach(self, row: int) -> None:
         self.cache[row] = 0.0
         self.embedding[row] = 0.0
+
+    def state_identity(self) -> ModelIdentity:
+        return world_identity(self.w, worldgen.VIEW, HIDDEN, REFINE)
+
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        return [
+            RowState(
+                {"cache": self.cache[r].copy(), "embedding": self.embedding[r].copy()},
+                {"position": list(self.position[r])},
+            )
+            for r in rows
+        ]
+
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
+        for row, state in zip(rows, states, strict=True):
+            self.cache[row] = state.array("cache", self.cache.shape[1:], np.float32)
+            self.embedding[row] = state.array("embedding", (EMBED,), np.float32)
+            self.position[row] = world_position(state)
 
     def _denoise(self, batch: Batch) -> None:
         with self.cost.stage():

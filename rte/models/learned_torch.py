@@ -27,6 +27,7 @@ configuration for capacity figures: its weights are random (untrained, and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from rte.models.prompt_move import PromptMoveModel
 from rte.models.slab_copy import SlabCopy
 from rte.models.staging import Staging, to_device
 from rte.stages import Batch
+from rte.state import ModelIdentity, RowState
 
 INTS = 5  # per row: arena row, position (y, x) after the move, the move's (dy, dx)
 
@@ -199,6 +201,33 @@ class TorchLearnedWorld(PromptMoveModel):
     def detach(self, row: int) -> None:
         self.cache[row] = 0.0
         self.embedding[row] = 0.0
+
+    def state_identity(self) -> ModelIdentity:
+        return learned.world_identity(self.w, self.view, self.hidden, self.refine_width)
+
+    @torch.inference_mode()
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        side, c = self.view, learned.LATENT
+        return [
+            RowState(
+                {
+                    "cache": self.cache[r].to("cpu", copy=True).numpy().reshape(side, side, c),
+                    "embedding": self.embedding[r].to("cpu", copy=True).numpy(),
+                },
+                {"position": list(self.position[r])},
+            )
+            for r in rows
+        ]
+
+    @torch.inference_mode()
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
+        side, c = self.view, learned.LATENT
+        for row, state in zip(rows, states, strict=True):
+            cache = state.array("cache", (side, side, c), np.float32).reshape(side * side, c)
+            embedding = state.array("embedding", (learned.EMBED,), np.float32)
+            self.cache[row].copy_(torch.from_numpy(cache))
+            self.embedding[row].copy_(torch.from_numpy(embedding))
+            self.position[row] = learned.world_position(state)
 
     def _denoise(self, batch: Batch) -> None:
         with self.cost.stage():

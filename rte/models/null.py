@@ -17,6 +17,7 @@ import numpy as np
 from rte.contract import Manifest
 from rte.lanes import Lane
 from rte.stages import Batch, Stage, StageModel
+from rte.state import ModelIdentity, RowState, digest_of
 
 
 class NullModel(StageModel):
@@ -46,6 +47,15 @@ class NullModel(StageModel):
         return None
 
     def detach(self, row: int) -> None:
+        return None
+
+    def state_identity(self) -> ModelIdentity:
+        return ModelIdentity(self.name, digest_of(self.name))  # its rows hold nothing
+
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        return [RowState() for _ in rows]
+
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
         return None
 
     def conditioning_keys(self) -> frozenset[str]:

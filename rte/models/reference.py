@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rte.models.prompt_move import PromptMoveModel
 from rte.stages import Batch
+from rte.state import ModelIdentity, RowState, digest_of
 
 
 def _digest(text: str) -> int:
@@ -106,6 +107,26 @@ class ReferenceModel(PromptMoveModel):
     def detach(self, row: int) -> None:
         self._state[row] = 0.0
         self._prompt[row] = 0.0
+
+    # -- a row's state (suspend, resume) ------------------------------------
+
+    def state_identity(self) -> ModelIdentity:
+        return ModelIdentity("reference", digest_of(self._latent_shape, self._scale, self._palette))
+
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        return [
+            RowState(
+                {"state": self._state[r].copy(), "prompt": self._prompt[r].copy()},
+                {"noise_seed": self._noise_seed[r]},
+            )
+            for r in rows
+        ]
+
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
+        for row, state in zip(rows, states, strict=True):
+            self._state[row] = state.array("state", self._latent_shape, np.float32)
+            self._prompt[row] = state.array("prompt", self._prompt.shape[1:], np.float32)
+            self._noise_seed[row] = state.number("noise_seed")
 
     # -- stages -----------------------------------------------------------
 

@@ -38,6 +38,7 @@ is captured, at load. ``batch_invariant=False`` pads to powers of two instead
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from rte.models.prompt_move import PromptMoveModel
 from rte.models.slab_copy import SlabCopy
 from rte.models.staging import Staging, to_device
 from rte.stages import Batch
+from rte.state import ModelIdentity, RowState, digest_of
 
 GRID = 4
 TOKENS = GRID * GRID
@@ -199,6 +201,7 @@ class TorchWorldModel(PromptMoveModel):
         self._masks = np.stack([(visible < f) | (visible == window) for f in range(window + 1)])
         self.inputs = Staging(max_sessions, 5, window * TOKENS + TOKENS, self.device)
         self.encodes: list[tuple[str, str]] = []
+        self._identity: ModelIdentity | None = None
         self.out = SlabCopy(self.device)
         cuda = self.device.type == "cuda"
         self.graphs = cuda if graphs is None else graphs and cuda
@@ -228,6 +231,42 @@ class TorchWorldModel(PromptMoveModel):
 
     def detach(self, row: int) -> None:
         self.filled[row] = self.next_slot[row] = 0
+
+    def state_identity(self) -> ModelIdentity:
+        if self._identity is None:  # the weights, hashed once (on the host)
+            tensors = [t.detach().cpu().numpy() for t in self.modules_.state_dict().values()]
+            config = (self.window, self.steps, TOKENS, DIM, LAYERS)
+            extra = (self.position.detach().cpu().numpy(), self.noise.cpu().numpy())
+            self._identity = ModelIdentity(self.name, digest_of(*config, *tensors, *extra))
+        return self._identity
+
+    @torch.inference_mode()
+    def export_rows(self, rows: Sequence[int]) -> list[RowState]:
+        return [
+            RowState(
+                {
+                    "cache": self.cache[r].to("cpu", copy=True).numpy(),
+                    "prompt": self.prompt[r].to("cpu", copy=True).numpy(),
+                },
+                {
+                    "filled": self.filled[r],
+                    "next_slot": self.next_slot[r],
+                    "noise": self.noise_base[r],
+                },
+            )
+            for r in rows
+        ]
+
+    @torch.inference_mode()
+    def import_rows(self, rows: Sequence[int], states: Sequence[RowState]) -> None:
+        for row, state in zip(rows, states, strict=True):
+            cache = state.array("cache", self.cache.shape[1:], np.float32)
+            prompt = state.array("prompt", (DIM,), np.float32)
+            self.cache[row].copy_(torch.from_numpy(cache))
+            self.prompt[row].copy_(torch.from_numpy(prompt))
+            self.filled[row] = state.number("filled")
+            self.next_slot[row] = state.number("next_slot")
+            self.noise_base[row] = state.number("noise")
 
     # -- stages --------------------------------------------------------------
 
