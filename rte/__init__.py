@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         RequestError,
         RequestTimeout,
         RteError,
+        StateError,
         UnknownSessionError,
     )
     from rte.lanes import Lane
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from rte.replica import ReplicaEngine
     from rte.serve import ServeLoop, default_serve
     from rte.stages import Batch, Stage, StageModel
+    from rte.state import ModelIdentity, RowState, SessionState
 
 _HOMES = {
     "ComposedEngine": "rte.composed",
@@ -70,6 +72,10 @@ _HOMES = {
     "RequestTimeout": "rte.errors",
     "RteError": "rte.errors",
     "UnknownSessionError": "rte.errors",
+    "StateError": "rte.errors",
+    "SessionState": "rte.state",
+    "ModelIdentity": "rte.state",
+    "RowState": "rte.state",
     "Lane": "rte.lanes",
     "ReplicaEngine": "rte.replica",
     "Act": "rte.protocol.requests",
@@ -114,6 +120,7 @@ __all__ = [
     "HeapAllocator",
     "Lane",
     "Manifest",
+    "ModelIdentity",
     "Notice",
     "NoticeKind",
     "OutputAllocator",
@@ -122,10 +129,13 @@ __all__ = [
     "RequestTimeout",
     "Reset",
     "ResultKind",
+    "RowState",
     "RteError",
     "ServeLoop",
+    "SessionState",
     "Stage",
     "StageModel",
+    "StateError",
     "StepResult",
     "Stop",
     "Timing",
