@@ -49,8 +49,8 @@ from test_play import (
     truth_error,
 )
 
-from rte.ipc.childlog import child_log, said
 from rte.ipc.inspect import summary
+from rte.launch.childlog import child_log, said
 from rte.models import worldgen
 from rte.protocol.names import DaemonNames
 
@@ -274,20 +274,15 @@ def test_webrtc_video_is_the_world_and_keys_steer_it(
     in_browser(browser, body)
 
 
-@pytest.mark.soak
-@pytest.mark.xfail(
-    reason="after a 5 s SIGSTOP of its renderer Chromium shows the stalled tab's frames "
-    "late for seconds (the few sent before the gateway saw it behind arrive in a burst and "
-    "its jitter buffer's delay grows; see the README): the bystander, the memory and the "
-    "drops hold, the 1 s recovery does not",
-    strict=True,
-)
 def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
     browser: str, play: Play, daemon: DaemonProcess
 ) -> None:
     """A tab whose renderer is stopped for 5 s (SIGSTOP: it reads nothing) drops
     frames at the gateway, whose memory does not grow, while the other tab streams
-    on; within a second of its return its frames are fresh again."""
+    on; within a second of its return its frames are fresh again. (Chromium's
+    receiver alone showed them 3 s late, then caught up by about 100 ms a
+    second: the frames sent before the gateway saw the stall arrive in a burst
+    and its jitter buffer learns that delay; the page asks for a fresh track.)"""
 
     async def body(http: aiohttp.ClientSession) -> None:
         first = await open_rtc(http, browser, play.url)
@@ -322,7 +317,8 @@ def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
         await second.eval("rtePlay.ageMs = null")
         age = await second.until("rtePlay.ageMs !== null && rtePlay.ageMs", "fresh frames", 5)
         await second.until(f"rtePlay.ageMs < {max(normal, 30) * 3}", "fresh frames", 2)
-        assert time.monotonic() - back < 1.5, age
+        assert time.monotonic() - back < 1.0, age
+        assert await second.eval("rtePlay.restarts") >= 1, "it recovered without a fresh track"
         after = {t["session"]: t for t in (await stats(http, play))["tabs"]}
         assert after[names[1]]["dropped"] > before[names[1]]["dropped"] + 100, (before, after)
 

@@ -57,6 +57,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
+from aiortc.mediastreams import MediaStreamError
 from av import VideoFrame
 
 from rte.errors import ClientClosedError, ConfigurationError, EngineGone
@@ -72,6 +73,7 @@ MAX_LAG_S = 0.25  # frames sent and not shown for this long: the viewer is behin
 PROBE_S = 5.0  # a viewer behind is sent a frame this often, to see it come back
 ALIVE_S = 0.25  # the page's heartbeat period
 SILENT_S = 8.0  # a page silent this long has gone
+MAX_RESTARTS = 64  # fresh video tracks a peer may ask for (each adds an m-line)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ class SessionTrack(MediaStreamTrack):
             while tab.frame is None:
                 tab.ready.clear()
                 await tab.ready.wait()
+            if self.readyState != "live":  # replaced by a fresh track: leave it the frame
+                raise MediaStreamError
             now = time.monotonic()
             if not self._behind(now) or now - self._probed > PROBE_S:
                 break
@@ -218,7 +222,10 @@ class Peer:
 
     def __init__(self, gateway: Gateway, settings: WebRtcSettings) -> None:
         self.gateway = gateway
+        self.settings = settings
         self.pc = RTCPeerConnection(settings.configuration())
+        self.restarts = 0  # fresh video tracks the page asked for (after a stall)
+        self._restarting = False
         self.control: RTCDataChannel | None = None
         self.unsaid: deque[str] = deque(maxlen=MAX_SAYING)  # before the channel opened
         self.tab = Tab("", self.end, transport="webrtc", tell=self.tell)
@@ -271,6 +278,9 @@ class Peer:
 
         def on_message(message: str | bytes) -> None:
             self.heard = time.monotonic()
+            if isinstance(message, str) and message.startswith('{"renegotiate"'):
+                self._tasks.append(asyncio.create_task(self._restart_video(message)))
+                return
             if isinstance(message, str) and message.startswith(('{"shown"', '{"alive"')):
                 said = page_text(message)
                 if self.track is None or not isinstance(said, dict):
@@ -288,6 +298,35 @@ class Peer:
                 self.tab.say({"type": "error", "message": "refused: too many messages at once"})
 
         channel.on("message", on_message)
+
+    async def _restart_video(self, text: str) -> None:
+        """The page's new offer, one more video m-line: a fresh track on it (a new
+        SSRC, so a new receive stream whose jitter buffer never saw the stall), the
+        old track stopped; the answer goes back on ``control``."""
+        said = page_text(text)
+        sdp = said.get("renegotiate") if isinstance(said, dict) else None
+        if self._restarting or self.restarts >= MAX_RESTARTS or not isinstance(sdp, str):
+            why = f"at most {MAX_RESTARTS}, one at a time, an SDP string"
+            self.tab.say({"type": "error", "message": f"refused: a video restart: {why}"})
+            return
+        self._restarting, self.restarts = True, self.restarts + 1
+        old = self.track
+        try:
+            if self.settings.loopback_only():
+                sdp = local_candidates_only(sdp)
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            self.track = SessionTrack(self.tab, self.settings.scale, self.gateway.period_s)
+            self.pc.addTrack(self.track)
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except (ValueError, RuntimeError) as exc:  # aiortc's word on an offer it cannot take
+            self.tab.say({"type": "error", "message": f"refused: a video restart: {exc}"})
+            return
+        finally:
+            self._restarting = False
+        if old is not None:
+            old.stop()
+        answer = self.pc.localDescription
+        self.tell(json.dumps({"type": "answer", "sdp": answer.sdp}))
 
     async def _take_requests(self) -> None:
         with contextlib.suppress(EngineGone, ClientClosedError):
