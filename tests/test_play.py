@@ -33,8 +33,8 @@ import psutil
 import pytest
 from daemon_harness import DaemonProcess
 
-from rte.ipc.childlog import child_log, said
 from rte.ipc.inspect import summary
+from rte.launch.childlog import child_log, said
 from rte.models import worldgen
 from rte.protocol.names import DaemonNames
 

@@ -29,8 +29,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from rte.client import AsyncClient, connect_async
 from rte.errors import ConfigurationError, EngineGone
+from rte.launch import LaunchedDaemon
 from rte.play.app import make_app
-from rte.play.daemon import LaunchedDaemon
+from rte.play.daemon import connected, launch
 from rte.play.gateway import Gateway
 
 HOST = "127.0.0.1"
@@ -96,7 +97,7 @@ async def _main(settings: PlaySettings, sock: socket.socket) -> int:
     daemon = None
     try:
         if settings.name is None:
-            daemon = LaunchedDaemon(
+            daemon = launch(
                 settings.model, settings.max_sessions, settings.pace_hz, settings.device
             )
         client = await _connected(settings, daemon, stop)
@@ -120,7 +121,7 @@ async def _connected(
 ) -> AsyncClient | None:
     """The client, or None when a signal came first."""
     if daemon is not None:
-        connecting = asyncio.ensure_future(daemon.connect())
+        connecting = asyncio.ensure_future(connected(daemon))
     else:
         assert settings.name is not None
         connecting = asyncio.ensure_future(connect_async(settings.name, settings.wait_s or None))
