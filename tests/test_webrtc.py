@@ -269,6 +269,15 @@ def test_webrtc_video_is_the_world_and_keys_steer_it(
             "the refusal",
         )
         assert "prompt must be a str" in text, text
+        await page.eval("rtePlay.send({renegotiate: 'v=0'})")  # a restart that adds no video
+        text = await page.until(
+            "(() => { const t = document.getElementById('message').innerText;"
+            " return t.includes('video restart') && t; })()",
+            "the restart's refusal",
+        )
+        assert "must add one video m-line" in text, text
+        count = await page.eval("rtePlay.frames")
+        await page.until(f"rtePlay.frames > {count} + 5", "frames after the refused restart")
         await page.close()
 
     in_browser(browser, body)

@@ -20,6 +20,17 @@ newest frame once it shows frames again. A peer the page has not spoken to
 for :data:`SILENT_S` (it sends ``{"alive": true}`` every :data:`ALIVE_S`) is closed
 and its session detached: a closed tab says nothing to its peer.
 
+A viewer back from a stall would still show frames late for seconds: the few
+frames sent before the gateway saw it behind arrive in a burst, and Chromium's
+jitter buffer learns their delay and gives it back at about 100 ms a second.
+So the page, when its own timer skipped a second or a shown frame is a second
+later than the least age it has seen, sends ``{"renegotiate": SDP}`` on
+``control``: its offer with one more ``recvonly`` video m-line. The gateway
+puts a fresh :class:`SessionTrack` on it (a new SSRC: a new receive stream that
+never saw the stall), answers ``{"type": "answer", "sdp": ...}`` and stops the
+old track; an offer it cannot take is an ``error`` and the old track streams on
+(at most :data:`MAX_RESTARTS` a peer, one at a time).
+
 The page opens two data channels: ``control`` (ordered, reliable: prompts,
 resets, and the gateway's messages to it, ``hello``, ``ack`` with the
 gateway's action-to-frame latency, ``error``, ``gone``, ``bye``) and
@@ -309,20 +320,26 @@ class Peer:
             why = f"at most {MAX_RESTARTS}, one at a time, an SDP string"
             self.tab.say({"type": "error", "message": f"refused: a video restart: {why}"})
             return
+        videos = sum(t.kind == "video" for t in self.pc.getTransceivers())
+        if sdp.count("\nm=video ") != videos + 1:
+            why = f"the offer must add one video m-line to the {videos} there are"
+            self.tab.say({"type": "error", "message": f"refused: a video restart: {why}"})
+            return
         self._restarting, self.restarts = True, self.restarts + 1
         old = self.track
         try:
             if self.settings.loopback_only():
                 sdp = local_candidates_only(sdp)
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            self.track = SessionTrack(self.tab, self.settings.scale, self.gateway.period_s)
-            self.pc.addTrack(self.track)
+            track = SessionTrack(self.tab, self.settings.scale, self.gateway.period_s)
+            self.pc.addTrack(track)
             await self.pc.setLocalDescription(await self.pc.createAnswer())
-        except (ValueError, RuntimeError) as exc:  # aiortc's word on an offer it cannot take
+        except Exception as exc:  # aiortc's word on an offer it cannot take: the old track goes on
             self.tab.say({"type": "error", "message": f"refused: a video restart: {exc}"})
             return
         finally:
             self._restarting = False
+        self.track = track
         if old is not None:
             old.stop()
         answer = self.pc.localDescription
