@@ -14,9 +14,10 @@ once, an asyncio one (``connect_async("gpu")``) watches them all with
 ``add_reader``.
 
 Sessions are sticky: a session lives on the daemon it was admitted to, and
-every request about it goes there. An attach is placed explicitly, by its own
-record (:class:`Placing`): the daemons in order of most free rows (then fewest
-of this pool's sessions); it goes to the first, and a daemon that refuses it
+every request about it goes there (:class:`rte.placement.Placement`, the one
+policy the Ray router and ReplicaEngine use too). An attach is placed
+explicitly, by its own record (:class:`Placing`): the daemons in order of most
+free rows (then fewest of this pool's sessions); it goes to the first, and a daemon that refuses it
 (full meanwhile) passes it to the next, so the caller sees one answer: the
 first daemon's ATTACHED, or one REJECTED that names every daemon's refusal.
 
@@ -45,6 +46,7 @@ from rte.client.shm import ShmTransport, SlotLease
 from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RteError
+from rte.placement import Placement
 from rte.protocol.inputs import conditioning_of
 from rte.protocol.requests import Act, Attach, Detach, Request, Reset
 from rte.protocol.values import InputRef
@@ -74,7 +76,7 @@ class PoolTransport(Transport):
         self.missing = self.daemons.missing  # down when tried: tried again at each attach
         self.name, self.manifest = "+".join(names), self.daemons.manifest
         self.reattach = reattach
-        self.home: dict[str, str] = {}  # session -> the daemon it lives on
+        self.home: Placement[str] = Placement()  # session -> the daemon it lives on (sticky)
         self._lost: dict[str, str] = {}  # session -> why (its daemon died)
         self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
         self._placing: dict[int, Placing] = {}  # seq of an attach in flight -> its placing
@@ -151,13 +153,14 @@ class PoolTransport(Transport):
 
     def _order(self, session: str) -> list[str]:
         """Its daemon when it is attached already (the daemon says so); else the
-        live ones, most free rows first, then fewest of this pool's sessions."""
+        live ones by :mod:`rte.placement` (most free rows, then fewest of this
+        pool's sessions), then those whose roster shows no room: it may lag a
+        detach, and their own refusal is the one to trust."""
+        free = {name: self.free_rows(name) for name in self.live()}
+        order = self.home.choices(session, free)
         if session in self.home:
-            return [self.home[session]]
-        mine = {n: 0 for n in self.members}
-        for name in self.home.values():
-            mine[name] += 1
-        return sorted(self.live(), key=lambda n: (-self.free_rows(n), mine[n]))
+            return order
+        return order + [name for name in free if name not in order]
 
     def _try_next(self, placing: Placing, room_s: float, *, quiet: bool = False) -> bool:
         """Send the attach to the next daemon of its order that takes the request;
@@ -225,7 +228,7 @@ class PoolTransport(Transport):
                 return None  # the next daemon answers
             return Notice(item.session, NoticeKind.REJECTED, self._refusal(placing), item.seq)
         if item.kind is NoticeKind.ATTACHED:
-            self.home[item.session] = name
+            self.home.settle(item.session, name)
             self._lost.pop(item.session, None)
             self._reattaching.pop(item.seq, None)
             if placing is not None:
@@ -233,7 +236,7 @@ class PoolTransport(Transport):
         elif self._reattaching.pop(item.seq, None) is not None:
             pass  # a reattach refused: the session stays lost
         elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
-            del self.home[item.session]  # (a reset's ATTACHED, next, puts it back)
+            self.home.release(item.session)  # (a reset's ATTACHED, next, puts it back)
         return item
 
     def wait(self, timeout: float) -> bool:
@@ -284,9 +287,8 @@ class PoolTransport(Transport):
         with contextlib.suppress(Exception):
             member.close()
         why = f"EngineGone: daemon {name!r} of the pool died; its sessions are lost"
-        lost = [s for s, home in self.home.items() if home == name]
+        lost = [session for session, _ in self.home.lose(name)]
         for session in lost:
-            del self.home[session]
             self._lost[session] = why
             self._pending += [Gone(session), Notice(session, NoticeKind.ERROR, why)]
         for seq, placing in list(self._placing.items()):
@@ -303,9 +305,8 @@ class PoolTransport(Transport):
 
     def _reattach(self, session: str) -> None:
         conditioning = self._last.get(session, {})
-        for name in sorted(self.live(), key=lambda n: -self.free_rows(n)):
-            if self.free_rows(name) <= 0:
-                continue
+        free = {name: self.free_rows(name) for name in self.live()}
+        for name in self.home.choices(session, free):  # (lost: placed nowhere now)
             member = self.members[name]
             request = Attach(session, dict(conditioning), self._numbering())
             try:
