@@ -75,7 +75,7 @@ END = """(async () => {
   const b = __bench, r = await b.inbound(), s = (performance.now() - b.t0) / 1000;
   rtePlay.onframe = null;
   const out = { frames: b.frames, seconds: s, ages: b.ages, bytes: rtePlay.bytes - b.bytes,
-                codec: "raw", jitter_ms: null, decode_ms: null };
+                codec: "raw", jitter_ms: null, decode_ms: null, restarts: rtePlay.restarts };
   if (r && b.rtp) {
     out.bytes = r.bytesReceived - b.rtp.bytes;
     const emitted = r.jitterBufferEmittedCount - b.rtp.emitted;
@@ -91,7 +91,7 @@ END = """(async () => {
 MESSAGE = "document.getElementById('message').innerText"
 COLUMNS = ["transport", "tabs", "fps_p50", "fps_min", "age_p50_ms", "age_p95_ms"]
 COLUMNS += ["kbytes_per_s", "x_raw", "cpu_pct", "cpu_per_tab_pct", "rss_mb"]
-COLUMNS += ["made_per_s", "dropped_per_s", "jitter_ms", "decode_ms", "codec"]
+COLUMNS += ["made_per_s", "dropped_per_s", "jitter_ms", "decode_ms", "codec", "restarts"]
 RATIO_COLUMNS = ["tabs", "fps_x", "age_p50_x", "age_p95_x", "bytes_x", "cpu_x", "rss_x"]
 ENCODE_COLUMNS = ["codec", "size", "picture_p50_ms", "encode_p50_ms", "encode_p99_ms"]
 ENCODE_COLUMNS += ["bytes_per_frame"]
@@ -216,6 +216,7 @@ async def _measure(
         "jitter_ms": _median([g["jitter_ms"] for g in webrtc]),
         "decode_ms": _median([g["decode_ms"] for g in webrtc]),
         "codec": got[0]["codec"],
+        "restarts": sum(g["restarts"] for g in got),  # fresh video tracks, from each tab's start
     }
 
 

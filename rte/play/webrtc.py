@@ -23,8 +23,8 @@ and its session detached: a closed tab says nothing to its peer.
 A viewer back from a stall would still show frames late for seconds: the few
 frames sent before the gateway saw it behind arrive in a burst, and Chromium's
 jitter buffer learns their delay and gives it back at about 100 ms a second.
-So the page, when its own timer skipped a second or a shown frame is a second
-later than the least age it has seen, sends ``{"renegotiate": SDP}`` on
+So the page, when its own timer skipped a second (it did not run) or it is
+shown again after a second hidden, sends ``{"renegotiate": SDP}`` on
 ``control``: its offer with one more ``recvonly`` video m-line. The gateway
 puts a fresh :class:`SessionTrack` on it (a new SSRC: a new receive stream that
 never saw the stall), answers ``{"type": "answer", "sdp": ...}`` and stops the
