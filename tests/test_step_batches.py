@@ -319,7 +319,7 @@ def test_steps_straddling_the_rings_wrap_arrive_whole(shm_prefix: str) -> None:
                     for session, chunk in zip(batch.sessions, batch.chunks.tolist(), strict=True):
                         assert chunk == last.get(session, -1) + 1, session  # none lost
                         last[session] = chunk
-            wrapped = client._outbox.statistics()
+            wrapped = client.transport.outbox.statistics()
             assert wrapped.bytes_pushed > 4 * wrapped.capacity  # it did go round
     finally:
         assert d.stop() == 0, d.stderr
@@ -367,7 +367,7 @@ def test_delivery_latency_is_kept_for_inspect(shm_prefix: str) -> None:
     try:
         with d.client() as client:
             client.attach("a")
-            control = client._control  # the paced daemon publishes its next tick
+            control = client.transport.control  # the paced daemon publishes its next tick
             assert control.next_tick_ns > time.monotonic_ns() - 50_000_000
             for chunk in take(client, "a", 5):
                 t = chunk.timing

@@ -42,7 +42,6 @@ from rte.client.slot import ClientSlot
 from rte.client.transport import Arrival, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, WireError
-from rte.protocol.claims import Roster
 from rte.protocol.control import Control
 from rte.protocol.requests import Request
 from rte.protocol.wire import StepColumns, decode_reply, encode_request, reply_handle
@@ -314,17 +313,3 @@ class ShmClient(EngineClient):
     def free_rows(self) -> int:
         """Rows of the daemon no client's session holds (its roster says)."""
         return self.transport.free_rows()
-
-    # what tests of the daemon read (its published tick, this client's ring), and
-    # rte/ray/hosting.py until it asks free_rows(): the daemon's roster
-    @property
-    def _table(self) -> Roster:
-        return self.transport.slot.table
-
-    @property
-    def _control(self) -> Control:
-        return self.transport.control
-
-    @property
-    def _outbox(self) -> Ring:
-        return self.transport.outbox

@@ -34,6 +34,7 @@ from rte.protocol.claims import ClaimTable, ClientState
 from rte.protocol.control import KIND_CLAIMS, KIND_MAILBOX, KIND_SLAB, Control, DaemonState
 from rte.protocol.mailbox import Mailbox
 from rte.protocol.names import DaemonNames
+from rte.protocol.rows import free_rows
 from rte.protocol.wire import Bye, encode_request
 from shm import Doorbell, RingFull, Segment, ShmError, Slab, is_alive
 from shm.fifo import FifoBell
@@ -148,8 +149,7 @@ class ClientSlot:
 
     def free_rows(self) -> int:
         """Rows of the daemon no client's session holds (its roster says)."""
-        held = sum(e.sessions for e in self.table.entries() if e.state is ClientState.ACTIVE)
-        return self.manifest.max_sessions - held
+        return free_rows(self.table, self.manifest.max_sessions)
 
     # -- liveness -------------------------------------------------------------
 

@@ -34,7 +34,6 @@ from rte.client import ShmClient
 from rte.errors import AdmissionError
 from rte.launch import LaunchedDaemon
 from rte.placement import Placement
-from rte.protocol.claims import ClientState
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
@@ -68,9 +67,7 @@ class DaemonHost:
         return self.name, self.node
 
     def free_rows(self) -> int:
-        table = self.client._table
-        held = sum(e.sessions for e in table.entries() if e.state is ClientState.ACTIVE)
-        return self.client.manifest.max_sessions - held
+        return self.client.free_rows()
 
     def attach(
         self, session: str, conditioning: dict[str, Any], owner: str = "", credits: int = 0
