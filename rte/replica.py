@@ -12,6 +12,10 @@ StageModel factory, all writing through one output allocator: that is how a
 daemon serves several engines (``rte serve --engines N``), its chunks going
 into its slab whichever child made them.
 
+A session's state (:mod:`rte.state`) is the owning child's: ``suspend`` asks
+it and releases the session's place; ``resume`` places the session as attach
+does, on a child whose model is the state's (``state_identity``), which checks it.
+
 Failure isolation: a child's ``step``/``finalize`` failure is caught and turned
 into ERROR results for that child's sessions only, so one bad session cannot
 starve the others. A child whose ``detach`` failed keeps ownership of the
@@ -27,10 +31,11 @@ from typing import Any
 
 from rte.composed import ComposedEngine
 from rte.contract import Action, Engine, Manifest, ResultKind, StepResult, Timing
-from rte.errors import AdmissionError, UnknownSessionError
+from rte.errors import AdmissionError, RequestError, StateError, UnknownSessionError
 from rte.output import OutputAllocator
 from rte.placement import Placement
 from rte.stages import StageModel
+from rte.state import SessionState
 
 
 @dataclass(eq=False)
@@ -98,11 +103,16 @@ class ReplicaEngine:
     def attach(self, session: str, conditioning: Mapping[str, Any] | None = None) -> None:
         if session in self._route:
             return
+        self._place(session, lambda engine: engine.attach(session, conditioning))
+
+    def _place(self, session: str, enter: Callable[[Any], None]) -> None:
+        """Give ``session`` to the first child that ``enter`` admits it to (the
+        fullest with room first, then a pooled one, then a new one)."""
         busy = [c for c in self._children if c.sessions and c not in self._pool]
         rooms = {c: self._child_capacity - len(c.sessions) for c in [*busy, *self._pool]}
         for child in self._route.choices(session, rooms, live=lambda c: not c.broken):
             try:
-                child.engine.attach(session, conditioning)
+                enter(child.engine)
             except AdmissionError:
                 continue
             self._take(child, session)
@@ -110,7 +120,8 @@ class ReplicaEngine:
         if len(self._children) < self._max_children:
             child = _Child(self._factory())
             self._children.append(child)
-            child.engine.attach(session, conditioning)
+            self._pool.append(child)  # (it stays pooled if ``enter`` refuses)
+            enter(child.engine)
             self._take(child, session)
             return
         raise AdmissionError(
@@ -145,10 +156,44 @@ class ReplicaEngine:
         except BaseException:
             child.broken = True
             raise
+        self._leave(child, session)
+
+    def _leave(self, child: _Child, session: str) -> None:
         child.sessions.discard(session)
         self._route.release(session)
         if not child.sessions and not child.broken:
             self._pool.append(child)
+
+    # -- a session's state out and back in -----------------------------------
+
+    @property
+    def can_suspend(self) -> bool:
+        """Whether the children's model exports its rows' state (they are all alike)."""
+        return bool(getattr(self._children[0].engine, "can_suspend", False))
+
+    def suspend(self, session: str) -> SessionState:
+        """The owning child's :meth:`ComposedEngine.suspend`; the session's place is
+        released (its child pooled when it is left empty)."""
+        child = self._owner(session)
+        suspend = getattr(child.engine, "suspend", None)
+        if suspend is None:
+            raise StateError(
+                f"session {session!r} cannot be suspended: {type(child.engine).__name__} "
+                "does not export its sessions' state; detach it instead"
+            )
+        state: SessionState = suspend(session)
+        self._leave(child, session)
+        return state
+
+    def resume(self, session: str, state: SessionState) -> None:
+        """Place ``session`` as attach does and resume it there from ``state``
+        (StateError from the child for a foreign state: no child took it)."""
+        if session in self._route:
+            raise RequestError(
+                f"session {session!r} cannot resume: it is attached to this engine; "
+                "suspend or detach it first"
+            )
+        self._place(session, lambda engine: engine.resume(session, state))
 
     def check_action(self, session: str, action: Action) -> None:
         """The owning child's check, when it has one (see ComposedEngine.check_action)."""

@@ -9,8 +9,8 @@ what :class:`rte.client.InProcessClient` runs); the daemon hosts the same
 Each turn is a short numbered sequence:
 
 1. drain the inbox (block briefly only when no session is due);
-2. apply each message (attach, act, detach, reset, stop); a bad message
-   becomes an ``ERROR`` notice for its sender, never a crash;
+2. apply each message (attach, act, detach, reset, suspend, resume, stop); a
+   bad message becomes an ``ERROR`` notice for its sender, never a crash;
 3. step the due sessions with the actions that arrived;
 4. put every emitted chunk, and every notice, into the outbox;
 5. wait for the next tick when a pace is set (:class:`~rte.realtime.Pacer`).
@@ -30,6 +30,10 @@ answers a request carries that request's ``seq``. The one exception:
 :class:`~rte.errors.EngineFault` (the engine's device failed for good) ends
 the loop, so its host fails closed instead of serving errors.
 
+A session may be parked (:mod:`rte.parking`): suspended by its client, or
+idle past ``park_idle_s``; it stays attached, its state in host memory, and its
+step boundary is where it comes back.
+
 Run it on the thread that will step the engine for its whole life (CUDA
 streams are per-thread): ``threading.Thread(target=default_serve, ...)``.
 """
@@ -42,16 +46,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
-from rte.errors import AdmissionError, EngineFault, UnknownSessionError
+from rte.errors import AdmissionError, EngineFault, RequestError, UnknownSessionError
 from rte.overload import DEFAULT_PRIORITY, Governor, check_priority
-from rte.protocol.requests import (
-    Act,
-    Attach,
-    Detach,
-    Reset,
-    Stop,
-    Wake,
-)
+from rte.parking import DEFAULT_PARK_BYTES, Parking
+from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Stop, Suspend, Wake
 from rte.realtime import DEFAULT_MARGIN, Pacer, RealTime
 from rte.receipts import Receipts
 
@@ -81,6 +79,8 @@ def default_serve(
     due: Callable[[list[str]], list[str]] | None = None,
     admission: str = "realtime",
     margin: float = DEFAULT_MARGIN,
+    park_bytes: int = DEFAULT_PARK_BYTES,
+    park_idle_s: float = 0.0,
 ) -> None:
     """Serve ``engine`` until a :class:`Stop` arrives.
 
@@ -90,9 +90,16 @@ def default_serve(
         due: picks, from the attached sessions, those to step this turn (a
             host's backpressure: a consumer that has not caught up); default all.
             A host that makes sessions due again puts :class:`Wake` in the inbox.
-        admission, margin: see :class:`ServeLoop`.
+        admission, margin, park_bytes, park_idle_s: see :class:`ServeLoop`.
     """
-    loop = ServeLoop(engine, pace_hz=pace_hz or 0.0, admission=admission, margin=margin)
+    loop = ServeLoop(
+        engine,
+        pace_hz=pace_hz or 0.0,
+        admission=admission,
+        margin=margin,
+        park_bytes=park_bytes,
+        park_idle_s=park_idle_s,
+    )
     pick = due or (lambda sessions: sessions)
     while True:
         block = not pick(loop.sessions)
@@ -107,6 +114,7 @@ def default_serve(
                 return
             _put(outbox, loop.handle(message))
         _put(outbox, loop.step(pick(loop.sessions)))
+        _put(outbox, loop.park_idle())
         loop.end_turn()
         if loop.pacer is not None:
             loop.pacer.wait()
@@ -157,6 +165,8 @@ class ServeLoop:
             daemon's: the slab leases its allocator handed the call, which carry
             their rows, so a chunk travels in one object from the engine to its
             STEP record).
+        park_bytes: the most bytes of parked sessions' states held (0: none parked).
+        park_idle_s: park a session not due for this long (0: never by idleness).
     """
 
     def __init__(
@@ -168,8 +178,11 @@ class ServeLoop:
         margin: float = DEFAULT_MARGIN,
         stamp: bool = True,
         emit: Emit | None = None,
+        park_bytes: int = DEFAULT_PARK_BYTES,
+        park_idle_s: float = 0.0,
     ) -> None:
         self.engine = engine
+        self.parking = Parking(engine, park_bytes, park_idle_s)
         self.emit = emit
         self.conditioning: dict[str, dict[str, Any]] = {}  # attached sessions, in order
         self.actions: dict[str, dict[str, Any]] = {}
@@ -230,12 +243,18 @@ class ServeLoop:
                     priority = check_priority(message.priority)
                     self._attach(message.session, message.conditioning, seq, out, priority)
                 case Act():
-                    self._act(message.session, message.action, seq)
+                    self._act(message.session, message.action, seq, out)
                 case Detach():
                     self._require(message.session)
                     self.detach(message.session, finalize=message.finalize, seq=seq, out=out)
                 case Reset():
                     self._reset(message, out)
+                case Suspend():
+                    self._require(message.session)
+                    self.parking.park(message.session, asked=True)
+                    out.append(Notice(session, NoticeKind.SUSPENDED, "", seq))
+                case Resume():
+                    self._resume(message.session, seq, out)
                 case Wake():
                     pass
                 case _:
@@ -250,10 +269,14 @@ class ServeLoop:
 
     def step(self, due: list[str] | None = None) -> list[OutboxItem]:
         """Step ``due`` (default: every attached session) with the actions that arrived."""
-        due = self.sessions if due is None else due
+        due = self.parking.runnable(self.sessions if due is None else due)
+        news, self._news = self._news, []
+        for session in [s for s in due if s in self.parking]:  # idle-parked, due again
+            if not self._resume(session, 0, news, quiet=True):
+                due.remove(session)  # no row yet: it stays parked
+        self.parking.seen_due(due, time.monotonic())
         self._due_rows += len(due)
         due = self.governor.pick(due)  # overload: reduced classes step every k-th tick
-        news, self._news = self._news, []
         if not due:
             return news
         self.receipts.settle()
@@ -272,6 +295,10 @@ class ServeLoop:
         if seqs:
             self.receipts.handed(results, seqs)
         return self._emitted(results) + news
+
+    def park_idle(self) -> list[OutboxItem]:
+        """Park the sessions not due for ``park_idle_s`` (SUSPENDED notices saying so)."""
+        return list(self.parking.park_idle(self.sessions))
 
     def stop(self) -> list[OutboxItem]:
         """Finalize and detach every session."""
@@ -299,6 +326,10 @@ class ServeLoop:
         engine's detach raises (the session then stays attached).
         """
         out = [] if out is None else out
+        if self.parking.drop(session):  # parked: its state goes, no row to leave
+            self._forget(session)
+            out.append(Notice(session, NoticeKind.DETACHED, reason, seq))
+            return out
         if finalize:
             try:
                 out += self._emitted(self.engine.finalize([session]))  # stamped, then forgotten
@@ -307,13 +338,16 @@ class ServeLoop:
             except Exception as exc:  # its in-flight chunk is lost; the detach still goes on
                 out.append(Notice(session, NoticeKind.DROPPED, f"in-flight chunk lost: {exc}"))
         self.engine.detach(session)
+        self._forget(session)
+        out.append(Notice(session, NoticeKind.DETACHED, reason, seq))
+        return out
+
+    def _forget(self, session: str) -> None:
         del self.conditioning[session]
         self.actions.pop(session, None)
         self.act_seqs.pop(session, None)
         self.receipts.forget(session)
         self.governor.remove(session)
-        out.append(Notice(session, NoticeKind.DETACHED, reason, seq))
-        return out
 
     # -- requests ---------------------------------------------------------
 
@@ -330,20 +364,29 @@ class ServeLoop:
         if not session:
             raise ValueError('the session id "" is reserved (notices about the whole engine)')
         new = session not in self.conditioning
-        if new and admit:
-            self.realtime.admit(len(self.conditioning))  # AdmissionError past real time
-        self.engine.attach(session, conditioning)
+        if new and admit:  # AdmissionError past real time (parked sessions take no time)
+            self.realtime.admit(len(self.conditioning) - len(self.parking.parked))
+        if session not in self.parking:  # (parked: attached already)
+            self.engine.attach(session, conditioning)
         if new:
             self.conditioning[session] = dict(conditioning)
         out.append(Notice(session, NoticeKind.ATTACHED, "", seq))
         out += self.governor.add(session, priority)  # joining a reduced class: told so
 
-    def _act(self, session: str, action: Action, seq: int = 0) -> None:
+    def _act(self, session: str, action: Action, seq: int, out: list[OutboxItem]) -> None:
         self._require(session)
-        self._check(session, action.conditioning)
+        if self.parking.asked(session):
+            raise RequestError(f"session {session!r} is suspended: resume it before acting on it")
+        if session not in self.parking or self._resume(session, 0, out, quiet=True):
+            self._check(session, action.conditioning)  # (no row: checked at its step)
         self.actions.setdefault(session, {}).update(action.conditioning)
         self.conditioning[session].update(action.conditioning)
         self.act_seqs[session] = seq
+
+    def _resume(self, session: str, seq: int, out: list[OutboxItem], quiet: bool = False) -> bool:
+        if session not in self.parking:
+            self._require(session)
+        return self.parking.bring_back(session, seq, out, quiet=quiet)
 
     def _reset(self, message: Reset, out: list[OutboxItem]) -> None:
         session = message.session

@@ -9,6 +9,7 @@ from poison_model import POISON, PoisonModel
 
 from probe_model import InjectedFailure, ProbeModel, chunks_of, make_engine
 from rte import AdmissionError, ComposedEngine, ReplicaEngine, ResultKind
+from rte.models import ReferenceModel
 from rte.models.null import tag_of
 
 
@@ -33,6 +34,16 @@ def test_routes_each_session_to_a_child_with_room_and_refuses_beyond() -> None:
     engine.attach("a")  # idempotent
     with pytest.raises(AdmissionError, match="all 3 child engines are full"):
         engine.attach("d")
+
+
+def test_a_new_child_that_refused_its_first_session_is_pooled_for_the_next() -> None:
+    engine = ReplicaEngine.of_model(lambda: ReferenceModel(1), 2)
+    engine.attach("a")
+    with pytest.raises(ValueError, match="unknown key"):  # refused by the second child
+        engine.attach("b", {"unknown key": 1})
+    assert len(engine.children()) == 2 and engine.children()[1] in engine.pooled()
+    engine.attach("c")  # (it was lost: neither pooled nor busy, "all 2 full")
+    assert engine.child_of("c") is engine.children()[1]
 
 
 def test_batched_children_fill_before_new_ones_are_made() -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rte import Act, Action, Attach, Detach, Notice, NoticeKind, Reset
 from rte.errors import WireError
+from rte.protocol.requests import Resume, Suspend
 from rte.protocol.values import encode_value
 from rte.protocol.wire import (
     HEADER,
@@ -51,6 +52,8 @@ def test_requests_round_trip() -> None:
         Detach("s1", seq=8),
         Reset("s1", None, 9),
         Reset("s1", {"prompt": "q"}, 10),
+        Suspend("s1", 11),
+        Resume("s1", 12),
         Bye(),
     ):
         assert decode_request(encode_request(request)) == request

@@ -70,6 +70,29 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Suspend:
+    """Park a session: its row is freed, its state kept in the host's memory (the
+    session stays its client's: nobody else may take its id). Answered by
+    SUSPENDED; REJECTED when the host's park budget cannot hold it; ERROR for a
+    model that exports no state (it stays attached) or a session not attached.
+    Acting on a suspended session is refused until it is resumed."""
+
+    session: str
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Bring a suspended session back at the next step boundary: it goes on at its
+    next chunk index, its frames those of a session never suspended. Answered by
+    RESUMED; REJECTED while no row is free (it stays parked: retry); ERROR for
+    a session that is not suspended."""
+
+    session: str
+    seq: int = 0
+
+
+@dataclass(frozen=True)
 class Stop:
     """Finalize every session (their in-flight chunks are emitted), detach, return."""
 
@@ -80,5 +103,5 @@ class Wake:
     freed room (so sessions are due again) sends it."""
 
 
-Request = Attach | Act | Detach | Reset
+Request = Attach | Act | Detach | Reset | Suspend | Resume
 DEFAULT_CREDITS = 2  # chunks a session may run ahead of its consumer: one held, one ready

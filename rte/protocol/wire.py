@@ -7,7 +7,8 @@ Fixed binary headers (``struct``), never pickles:
     body     per type (below)
 
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
-conditioning (:mod:`rte.protocol.values`), RESET an optional one, DETACH nothing;
+conditioning (:mod:`rte.protocol.values`), RESET an optional one, DETACH, SUSPEND
+and RESUME nothing;
 BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
 daemon's default) and its ``handle`` field its priority class (0 to 3).
 Daemon to client: NOTICE carries a :class:`~rte.contract.NoticeKind` in
@@ -49,7 +50,7 @@ import numpy as np
 
 from rte.contract import Action, Notice, NoticeKind
 from rte.errors import WireError
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset, Resume, Suspend
 from rte.protocol.values import decode_value, encode_value
 
 
@@ -59,6 +60,8 @@ class RecordType(enum.IntEnum):
     DETACH = 3
     RESET = 4
     BYE = 5
+    SUSPEND = 6
+    RESUME = 7
     NOTICE = 11
     STEP = 12
 
@@ -135,6 +138,10 @@ def encode_request(message: Request | Bye) -> bytes:
             return _header(RecordType.ACT, message.session, message.seq) + body
         case Detach():
             return _header(RecordType.DETACH, message.session, message.seq)
+        case Suspend():
+            return _header(RecordType.SUSPEND, message.session, message.seq)
+        case Resume():
+            return _header(RecordType.RESUME, message.session, message.seq)
         case Reset():
             fresh = message.conditioning
             body = b"" if fresh is None else encode_value(dict(fresh))
@@ -175,6 +182,10 @@ def decode_request(record: bytes) -> Request | Bye:
         raise WireError(f"{kind.name} takes no body, got {len(body)} bytes")
     if kind is RecordType.DETACH:
         return Detach(session, seq=seq)
+    if kind is RecordType.SUSPEND:
+        return Suspend(session, seq)
+    if kind is RecordType.RESUME:
+        return Resume(session, seq)
     if kind is RecordType.BYE:
         return Bye()
     raise WireError(f"a client cannot send {kind.name} records")
