@@ -130,6 +130,8 @@ class NoticeKind(enum.IntEnum):
     DROPPED = 5  # a chunk could not be emitted (its session goes on or went)
     REDUCED = 6  # overload: the session is stepped at a reduced rate (message: which)
     RESTORED = 7  # the load dropped: the session's rate is raised again (message: to what)
+    SUSPENDED = 8  # the session is parked: its row freed, its state in host memory
+    RESUMED = 9  # a parked session has a row again (it goes on at its next chunk)
 
 
 @dataclass(frozen=True)
