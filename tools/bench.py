@@ -5,10 +5,10 @@
 
 Each suite prints a line to stderr per size or peer as it goes; at the end
 come the tables, or with ``--json`` one object holding every suite that ran
-(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``, ``realtime``;
+(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``, ``realtime``, ``video``;
 ``inputs`` runs with the e2e suite: a large frame in per step; ``realtime``
 measures in time, not in windows: see :mod:`tools.bench_realtime`), which ``python -m
-tools.readme_tables`` turns into the README's tables. ``--quick`` is a smoke
+tools.readme_tables`` turns into the tables of docs/benchmarks.md. ``--quick`` is a smoke
 run (2 windows, few rounds; under a minute). Run from a checkout
 (``tools`` is never installed); ``rte bench`` finds the checkout and runs this.
 """
@@ -28,6 +28,7 @@ from tools import (
     bench_realtime,
     bench_scale,
     bench_transport,
+    bench_video,
 )
 from tools.report import (
     DEFAULT_WINDOWS,
@@ -39,7 +40,7 @@ from tools.report import (
 )
 
 SIZES = [1, 8, 64]
-SUITES = ["engine", "e2e", "transport", "scale", "realtime", "all"]
+SUITES = ["engine", "e2e", "transport", "scale", "realtime", "video", "all"]
 QUICK_WINDOWS = 2
 
 
@@ -73,6 +74,8 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
         results["realtime"] = bench_realtime.run(
             bench_realtime.QUICK if quick else bench_realtime.Plan()
         )
+    if suite == "video":  # not in "all": it needs Chromium (tools/install_browser.sh)
+        results["video"] = bench_video.run(bench_video.QUICK if quick else bench_video.Plan())
     return results
 
 
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     tables["transport"] = bench_transport.TABLES
     tables["scale"] = bench_scale.TABLES
     tables["realtime"] = bench_realtime.TABLES
+    tables["video"] = bench_video.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])
 

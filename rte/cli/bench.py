@@ -24,7 +24,10 @@ def add_parser(sub: Any) -> None:
         description="Run the benchmarks in the source checkout's tools/ (python -m tools.bench).",
     )
     p.add_argument(  # the checkout's tools/bench.py knows its suites and checks the name
-        "--suite", default="all", help="engine, e2e, transport, scale, realtime or all (default)"
+        "--suite",
+        default="all",
+        help="engine, e2e, transport, scale, realtime, video (needs Chromium) "
+        "or all (default: every suite but video)",
     )
     p.add_argument(
         "--windows", type=int, help="repeat each measurement this many times (default 5)"
