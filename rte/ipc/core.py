@@ -117,6 +117,8 @@ class DaemonCore:
             margin=settings.realtime_margin,
             stamp=False,  # Outbound reads the receipts into each STEP record
             emit=self.allocator.emitted,  # a step returns its chunks as their leases
+            park_bytes=settings.park_bytes,
+            park_idle_s=settings.park_idle_s,
         )
         self.out = Outbound(shared.control, shared.slab, self.table, self.router)
         self.out.receipts = self.loop.receipts
@@ -187,11 +189,12 @@ class DaemonCore:
         if now >= self._next_idle_check:  # 4.
             self._next_idle_check = now + IDLE_CHECK_EVERY_S
             self.departures.idle_and_flooding(now, self.settings.idle_limit_s)
+            self.out.deliver(self.loop.park_idle(), None)  # (news for their owners)
         return stepped
 
     def _step(self) -> bool:
         """Step the due sessions and deliver their chunks; False when none was due."""
-        due = self.table.due()
+        due = self.loop.parking.runnable(self.table.due())  # (not the suspended)
         if not due:
             if not self.router.owners and not self.departures.orphans:
                 self.inputs.settle()
@@ -251,7 +254,13 @@ class DaemonCore:
 
     def _woken(self) -> bool:
         """Other reasons not to sleep: a session could step, or a client is claiming."""
-        return self.table.can_step() or self.control.claims != self._claims
+        return self._can_step() or self.control.claims != self._claims
+
+    def _can_step(self) -> bool:
+        """Whether a session could step now: one with credit, not suspended."""
+        if not self.loop.parking.parked:
+            return self.table.can_step()
+        return bool(self.loop.parking.runnable(self.table.due()))
 
 
 def _engine(

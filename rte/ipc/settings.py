@@ -34,6 +34,7 @@ from rte.errors import ConfigurationError
 from rte.ipc import footprint
 from rte.ipc.sources import setting
 from rte.models import model_choices
+from rte.parking import DEFAULT_PARK_BYTES
 from rte.protocol.control import MAX_CLIENTS, MAX_SESSIONS
 from rte.protocol.names import DaemonNames
 from rte.protocol.requests import DEFAULT_CREDITS
@@ -122,6 +123,21 @@ class Settings:
         "max-sessions + 2 per client, at least 4; 0: none)",
     )
     input_slot_kib: int = setting(1024, "the largest input one input slot carries")
+    park_bytes: int = setting(
+        DEFAULT_PARK_BYTES,
+        "host memory for suspended sessions' states, in bytes (a suspend past it is "
+        "refused; 0: none suspended)",
+    )
+    park_idle_s: float = setting(
+        0.0,
+        "park a session that consumed nothing for this long, resumed on its next action "
+        "or release (0: off)",
+    )
+    checkpoint_every: int = setting(
+        0,
+        "write each session's state into the checkpoint segment every K of its chunks, "
+        "which outlives a crash (0: off)",
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -169,6 +185,10 @@ class Settings:
         _at_least("input-slots", self.input_slots or 0, 0)
         _at_most("input-slots", self.input_slab_slots, MAX_SLOTS)
         _at_least("input-slot-kib", self.input_slot_kib, 1)
+        _at_least("park-bytes", self.park_bytes, 0)
+        _at_least("checkpoint-every", self.checkpoint_every, 0)
+        if not self.park_idle_s >= 0:
+            raise ConfigurationError(f"--park-idle-s {self.park_idle_s}: 0 (off) or more")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"--metrics-port {self.metrics_port}: 0 to 65535")
         try:
