@@ -145,10 +145,13 @@ int64_t shm_ring_open(shm_ring_t *ring, void *header, uint64_t region_size) {
     return (int64_t)cap;
 }
 
-/* Returns SHM_OK when pushed, SHM_WAKE when pushed and the consumer sleeps
-   (ring its doorbell), SHM_RING_FULL, or SHM_RING_TOO_LARGE when the record is
-   larger than max_payload. */
-int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int count_full) {
+/* Room for a record of `len` payload bytes at the head: where its payload goes
+   (*payload) and the head to publish once it is written (*new_head). Writes
+   the wrap marker and the record's length, nothing else; nothing is visible
+   to the consumer until ring_commit. Returns SHM_OK, SHM_RING_FULL,
+   SHM_RING_TOO_LARGE or SHM_RING_CORRUPT, as shm_ring_push. */
+static int ring_reserve(const shm_ring_t *ring, uint64_t len, int count_full, uint8_t **payload,
+                        uint64_t *new_head, uint64_t *tail_seen) {
     ring_t *r = (ring_t *)ring->header;
     const uint64_t cap = ring->capacity, mask = ring->mask;
     if (len > ring->max_payload) {
@@ -175,8 +178,16 @@ int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int co
     }
     uint8_t *slot = ring_data(r) + (at & mask);
     *(uint64_t *)slot = len;
-    memcpy(slot + RECORD_HEADER, data, len);
-    const uint64_t new_head = at + need;
+    *payload = slot + RECORD_HEADER;
+    *new_head = at + need;
+    *tail_seen = tail;
+    return SHM_OK;
+}
+
+/* Publishes a record ring_reserve made room for and its payload was written
+   into; returns SHM_WAKE or SHM_OK, as shm_ring_wake. */
+static int ring_commit(const shm_ring_t *ring, uint64_t new_head, uint64_t tail, uint64_t len) {
+    ring_t *r = (ring_t *)ring->header;
     /* release of head, pairs with the acquire in pop/used/prepare_sleep: the
        record's bytes are visible before the consumer can see the new head */
     __atomic_store_n(&r->head, new_head, __ATOMIC_RELEASE);
@@ -185,6 +196,63 @@ int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int co
     if (new_head - tail > __atomic_load_n(&r->high_water, __ATOMIC_RELAXED))
         __atomic_store_n(&r->high_water, new_head - tail, __ATOMIC_RELAXED);
     return shm_ring_wake(ring);
+}
+
+/* Returns SHM_OK when pushed, SHM_WAKE when pushed and the consumer sleeps
+   (ring its doorbell), SHM_RING_FULL, or SHM_RING_TOO_LARGE when the record is
+   larger than max_payload. */
+int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int count_full) {
+    uint8_t *payload;
+    uint64_t new_head, tail;
+    int rc = ring_reserve(ring, len, count_full, &payload, &new_head, &tail);
+    if (rc != SHM_OK) return rc;
+    memcpy(payload, data, len);
+    return ring_commit(ring, new_head, tail, len);
+}
+
+/* A record of rows written straight into the ring (no copy of it made first):
+   `head` (head_len bytes, 8-aligned), then the columns slots u64[n] |
+   generations u64[n] | chunks i64[n] | generated i64[n] | handles u32[n] |
+   applied u32[n]. `generated` is one value for every row when
+   generated_stride is 0 (else 1: one per row); `applied` NULL writes zeros.
+   Just before the head is published, the clock (CLOCK_MONOTONIC, as Python's
+   time.monotonic_ns) is written at byte stamp_at of the record (stamp_at + 8
+   <= head_len) and into *pushed_ns. The byte layout is the caller's (rte's STEP
+   record, rte/protocol/wire.py): this knows columns, not what they mean.
+   Returns as shm_ring_push, or SHM_BAD_ARGUMENT for n == 0, a head not
+   8-aligned or a stamp outside it. */
+int shm_ring_push_rows(const shm_ring_t *ring, const char *head, uint64_t head_len,
+                       uint64_t stamp_at, const uint64_t *slots, const uint64_t *generations,
+                       const int64_t *chunks, const int64_t *generated, uint64_t generated_stride,
+                       const uint32_t *handles, const uint32_t *applied, uint64_t n,
+                       int count_full, int64_t *pushed_ns) {
+    if (n == 0 || n > UINT32_MAX || (head_len & 7) || stamp_at + 8 > head_len ||
+        generated_stride > 1)
+        return SHM_BAD_ARGUMENT;
+    const uint64_t len = head_len + n * (8 + 8 + 8 + 8 + 4 + 4);
+    uint8_t *out;
+    uint64_t new_head, tail;
+    int rc = ring_reserve(ring, len, count_full, &out, &new_head, &tail);
+    if (rc != SHM_OK) return rc;
+    memcpy(out, head, head_len);
+    uint8_t *col = out + head_len;
+    memcpy(col, slots, 8 * n);
+    memcpy(col + 8 * n, generations, 8 * n);
+    memcpy(col + 16 * n, chunks, 8 * n);
+    int64_t *gen = (int64_t *)(col + 24 * n);
+    if (generated_stride)
+        memcpy(gen, generated, 8 * n);
+    else
+        for (uint64_t k = 0; k < n; k++) gen[k] = generated[0];
+    memcpy(col + 32 * n, handles, 4 * n);
+    if (applied)
+        memcpy(col + 36 * n, applied, 4 * n);
+    else
+        memset(col + 36 * n, 0, 4 * n);
+    const int64_t now = (int64_t)now_ns();
+    memcpy(out + stamp_at, &now, 8);
+    *pushed_ns = now;
+    return ring_commit(ring, new_head, tail, len);
 }
 
 /* Whether to ring the consumer's doorbell after publishing something it waits

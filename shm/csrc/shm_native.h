@@ -76,6 +76,13 @@ uint64_t shm_ring_max_payload(uint64_t capacity);
 int shm_ring_init(void *header, uint64_t capacity);
 int64_t shm_ring_open(shm_ring_t *ring, void *header, uint64_t region_size);
 int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int count_full);
+/* A record of rows (a head, then six columns) written in place, stamped with
+   the clock as it is pushed: see shm_native.c. */
+int shm_ring_push_rows(const shm_ring_t *ring, const char *head, uint64_t head_len,
+                       uint64_t stamp_at, const uint64_t *slots, const uint64_t *generations,
+                       const int64_t *chunks, const int64_t *generated, uint64_t generated_stride,
+                       const uint32_t *handles, const uint32_t *applied, uint64_t n,
+                       int count_full, int64_t *pushed_ns);
 int64_t shm_ring_pop(const shm_ring_t *ring, void *out, uint64_t out_cap);
 int64_t shm_ring_pop_batch(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t *lens,
                            uint64_t max_n);

@@ -1,0 +1,124 @@
+"""Rows pushed in place: a step's record written straight into a ring, in one C call.
+
+A writer that sends one record of rows per step (rte's STEP record: a fixed
+head, then columns of slot numbers, generations, chunk indices, generation
+times, handles and receipts) would otherwise pack the record into a Python
+``bytearray`` (one ``struct`` call over ``6 n`` Python ints), stamp it and
+copy it into the ring. :func:`push_rows` hands the columns to the C
+(``shm_ring_push_rows`` in ``csrc/shm_native.c``), which reserves the room,
+writes the head and every column in place, stamps the clock at the head's
+``stamp_at`` just before it publishes the record, and publishes it: no record
+object, one boundary crossing per step.
+
+The layout of the head is the caller's; this module knows columns, not what
+they mean (``rte.protocol.wire`` defines the STEP record and is the reference
+in Python). A full ring writes nothing and returns 0, so the caller can queue
+the record as it queues any other: backpressure is the caller's policy.
+
+Columns arrive as NumPy arrays or ``memoryview`` s of ``uint64`` (the slab's
+slots and generations, read in place) and as Python lists (chunk indices,
+handles, receipts), each copied once into an ``array.array`` (a buffer given
+instead is read in place). Every column's length is checked
+here, before the C reads ``n`` rows of each.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Sequence
+from typing import Any
+
+from shm.errors import check_rc
+from shm.native import ffi, lib
+from shm.ring import Ring
+
+_WAKE = int(lib.SHM_WAKE)
+_FULL = int(lib.SHM_RING_FULL)
+ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # the six columns' bytes per row
+
+
+def _column(code: str, c_type: str, values: Any) -> Any:
+    """A C array over ``values``: a list copied once (``array.array``, faster
+    than cffi's own conversion of a list), a buffer (NumPy array,
+    ``memoryview``) read in place."""
+    if type(values) is list:
+        values = array.array(code, values)
+    return ffi.from_buffer(c_type, values)
+
+
+def push_rows(
+    ring: Ring,
+    head: bytes,
+    stamp_at: int,
+    slots: Any,
+    generations: Any,
+    chunks: Sequence[int],
+    generated_ns: int | Sequence[int],
+    handles: Sequence[int],
+    applied: Sequence[int] | None = None,
+) -> int:
+    """Write ``head`` and the columns of ``len(slots)`` rows into ``ring`` as one
+    record, in place; returns the clock (``time.monotonic_ns``) stamped at
+    ``head[stamp_at:stamp_at + 8]`` as it was pushed, or 0 when the ring has no
+    room (nothing written, no full event counted: the caller queues the record).
+
+    ``slots``, ``generations``: ``uint64`` words (read in place); ``chunks``,
+    ``generated_ns`` (one time for all rows, or one per row): int64;
+    ``handles`` and ``applied`` (None: all 0): uint32. Rings the ring's
+    doorbell when its consumer sleeps.
+
+    Raises:
+        RecordTooLarge: the record can never fit the ring.
+        RingCorrupt: the ring's head is not one a push left (its peer garbled it).
+        ValueError: the columns' lengths differ.
+        ShmError: ``head`` is not 8-aligned or does not hold ``stamp_at``, or
+            there are no rows.
+        SegmentError: the ring's segment is closed in this process.
+    """
+    n = len(slots)
+    if not (len(generations) == len(chunks) == len(handles) == n) or (
+        applied is not None and len(applied) != n
+    ):
+        raise ValueError(
+            f"a record of {n} rows needs every column of {n}: generations "
+            f"{len(generations)}, chunks {len(chunks)}, handles {len(handles)}, "
+            f"applied {'none' if applied is None else len(applied)}"
+        )
+    if isinstance(generated_ns, int):
+        generated, stride = [generated_ns], 0
+    else:
+        if len(generated_ns) != n:
+            raise ValueError(f"a record of {n} rows has {len(generated_ns)} generation times")
+        generated, stride = _column("q", "int64_t[]", generated_ns), 1
+    pushed = ffi.new("int64_t *")
+    rc = lib.shm_ring_push_rows(
+        ring.handle,
+        head,
+        len(head),
+        stamp_at,
+        ffi.from_buffer("uint64_t[]", slots),
+        ffi.from_buffer("uint64_t[]", generations),
+        _column("q", "int64_t[]", chunks),
+        generated,
+        stride,
+        _column("I", "uint32_t[]", handles),
+        ffi.NULL if applied is None else _column("I", "uint32_t[]", applied),
+        n,
+        0,
+        pushed,
+    )
+    if rc == 0:
+        return int(pushed[0])
+    if rc == _WAKE:
+        if ring.doorbell is not None:
+            ring.doorbell.ring()
+        return int(pushed[0])
+    if rc == _FULL:
+        return 0
+    check_rc(
+        rc,
+        f"push of a record of {n} rows ({len(head) + ROW_BYTES * n:,} bytes) to "
+        f"the ring at offset {ring.offset} of {ring.segment.name} (largest record "
+        f"{ring.max_record:,} bytes)",
+    )
+    return 0  # pragma: no cover  (check_rc raised)
