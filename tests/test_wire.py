@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from rte import Act, Action, Attach, Detach, Notice, NoticeKind, Reset
 from rte.errors import WireError
 from rte.protocol.requests import Resume, Suspend
+from rte.protocol.steps import push_step
 from rte.protocol.values import encode_value
 from rte.protocol.wire import (
     HEADER,
@@ -29,6 +32,10 @@ from rte.protocol.wire import (
     request_seq,
     stamp_pushed,
 )
+from shm import Ring, Segment
+from shm.segment import HEADER_SIZE
+
+StepMaker = Callable[..., bytearray]
 
 
 def raw(kind: int, session: str, body: bytes = b"", seq: int = 0) -> bytes:
@@ -61,14 +68,34 @@ def test_requests_round_trip() -> None:
     assert request_seq(b"\x01") == 0
 
 
-def test_replies_round_trip_and_notice_kinds_are_one_to_one() -> None:
+@pytest.fixture(params=["python", "c"])
+def step_record(request: pytest.FixtureRequest, shm_prefix: str) -> Iterator[StepMaker]:
+    """Makes a STEP record as the Python encodes it, or as the C writes it into a ring."""
+    if request.param == "python":
+        yield encode_step
+        return
+    segment = Segment.create(f"{shm_prefix}wire", HEADER_SIZE + Ring.footprint(1 << 12))
+    try:
+        ring = Ring.create(segment, HEADER_SIZE, 1 << 12, policy="spin")
+
+        def in_place(*args: Any, **kwargs: Any) -> bytearray:
+            assert push_step(ring, *args, **kwargs)
+            return bytearray(ring.pop_nowait())
+
+        yield in_place
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_replies_round_trip_and_notice_kinds_are_one_to_one(step_record: StepMaker) -> None:
     for kind in NoticeKind:  # DROPPED stays DROPPED
         notice = Notice("s", kind, f"{kind.name} happened", 4)
         assert decode_reply(encode_notice(notice, 4096)) == notice
     attached = encode_notice(Notice("s", NoticeKind.ATTACHED, "", 4), 4096, handle=9)
     assert reply_handle(attached) == 9
     slots, generations = np.array([3, 4], np.uint64), np.array([9, 1], np.uint64)
-    record = encode_step(slots, generations, [5, 6], 10, [2, 0], contiguous=True, emitted_ns=20)
+    record = step_record(slots, generations, [5, 6], 10, [2, 0], contiguous=True, emitted_ns=20)
     stamp_pushed(record, 30)
     step = decode_reply(bytes(record))
     assert isinstance(step, StepColumns) and step.contiguous
@@ -82,9 +109,11 @@ def test_replies_round_trip_and_notice_kinds_are_one_to_one() -> None:
 
 
 @pytest.mark.parametrize("cut", [1, 8, 40, 41])
-def test_a_step_record_that_lies_about_its_size_is_refused(cut: int) -> None:
+def test_a_step_record_that_lies_about_its_size_is_refused(
+    cut: int, step_record: StepMaker
+) -> None:
     one = np.array([1], np.uint64)
-    record = bytes(encode_step(one, one, [0], 0, [0], contiguous=True, emitted_ns=0))
+    record = bytes(step_record(one, one, [0], 0, [0], contiguous=True, emitted_ns=0))
     with pytest.raises(WireError):
         decode_reply(record[:-cut] if cut < len(record) else record[: HEADER.size])
     with pytest.raises(WireError, match="does not match"):
