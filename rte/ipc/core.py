@@ -43,6 +43,7 @@ from collections.abc import Callable
 from rte.composed import ComposedEngine
 from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
+from rte.ipc.checkpoints import Checkpoints
 from rte.ipc.clients import ClientTable
 from rte.ipc.departures import Departures
 from rte.ipc.figures import publish_realtime
@@ -120,6 +121,9 @@ class DaemonCore:
             park_bytes=settings.park_bytes,
             park_idle_s=settings.park_idle_s,
         )
+        rows = shared.control.manifest().max_sessions
+        every = settings.checkpoint_every
+        self.checkpoints = Checkpoints(settings.names, every, rows) if every else None
         self.out = Outbound(shared.control, shared.slab, self.table, self.router)
         self.out.receipts = self.loop.receipts
         parts = (self.control, self.loop, self.table, self.router, self.inputs, self.out)
@@ -207,6 +211,8 @@ class DaemonCore:
         left = self.departures.detached_by(outcome)
         self.out.deliver(outcome, None)
         self.departures.detached(left)  # detached by the step (their own failure)
+        if self.checkpoints is not None:  # after the step's chunks went out
+            self.checkpoints.after_step(self.loop, due)
         self._steps += 1
         return True
 
@@ -228,6 +234,8 @@ class DaemonCore:
             if not isinstance(self.failure, EngineFault):  # a failed device finalizes nothing
                 self.departures.everyone()
             self.engine.close()
+            if self.checkpoints is not None:
+                self.checkpoints.close()  # a clean stop: no session to come back to
         except EngineFault as fault:  # the device failed while stopping: say so, stop anyway
             log.error("the engine's device failed while stopping: %s", fault)
             self.failure = self.failure or fault

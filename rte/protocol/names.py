@@ -2,7 +2,8 @@
 
 A daemon called NAME owns, for this user, a control segment (read-only for
 clients), a claims segment (the one every client maps writable), a slab
-segment, its doorbell, and per client slot a doorbell, a FIFO, a mailbox (that
+segment, its doorbell, a checkpoint segment per generation (one that outlives
+a crash), and per client slot a doorbell, a FIFO, a mailbox (that
 client's rings and credits) and an input segment (its input slots): a client
 maps its own slot's mailbox and input segment and no other's. They all live
 under one POSIX name stem (``/rte.<uid>.NAME.``), so everything a daemon ever
@@ -87,6 +88,20 @@ class DaemonNames:
         client on an event loop (:class:`shm.fifo.FifoBell`)."""
         return shm_name(self.daemon, f"w{index}")
 
+    def checkpoint(self, generation: int) -> str:
+        """The checkpoint segment of this name's ``generation``-th daemon: its sessions'
+        states every K chunks (:mod:`rte.ipc.checkpoints`), left behind by a crash."""
+        return shm_name(self.daemon, f"k{generation}")
+
+    def checkpoints(self) -> dict[int, str]:
+        """The checkpoint segments of this name that exist now, by generation."""
+        found = {}
+        for name in objects(self.stem + "k"):
+            tail = name[len(self.stem) + 1 :]
+            if tail.isdigit():
+                found[int(tail)] = name
+        return dict(sorted(found.items()))
+
     def leftovers(self) -> list[str]:
         """The names of every object of this daemon that exists now."""
         return objects(self.stem)
@@ -98,11 +113,14 @@ class DaemonNames:
         holds the name.
         """
         with NameLock(self.lock):
-            return self.unlink_unlocked()
+            return self.unlink_unlocked(checkpoints=True)
 
-    def unlink_unlocked(self) -> list[str]:
-        """Unlink every object of this name but its lock: for the lock's holder."""
-        return unlink_objects(self.stem, keep={self.lock})
+    def unlink_unlocked(self, *, checkpoints: bool = False) -> list[str]:
+        """Unlink every object of this name but its lock, for the lock's holder: and
+        but its checkpoints unless ``checkpoints`` (a restarting daemon keeps a dead
+        one's until its sessions are taken; ``rte clean`` removes them)."""
+        keep = {self.lock, *([] if checkpoints else self.checkpoints().values())}
+        return unlink_objects(self.stem, keep=keep)
 
     @classmethod
     def present(cls) -> list[DaemonNames]:
