@@ -91,6 +91,9 @@ class Placement(Mapping[str, K]):
     def __len__(self) -> int:
         return len(self._home)
 
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
     def owner_of(self, session: str) -> str:
         """The owner ``session`` was settled for ("" when none was named)."""
         return self._owner[session]
