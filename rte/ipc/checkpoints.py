@@ -65,6 +65,11 @@ class Checkpoints:
         self._steps: dict[str, int] = {}
         self.written = 0  # checkpoints written, for inspectors and the benchmark
 
+    @property
+    def slot_bytes(self) -> int:
+        """The bytes of one half of a slot (0: no checkpoint written yet)."""
+        return self._slot_bytes
+
     def after_step(self, loop: Any, stepped: list[str]) -> None:
         """Count ``stepped``'s steps; checkpoint each that made ``every`` more."""
         attached = set(loop.sessions)
