@@ -18,6 +18,8 @@ from daemon_harness import DaemonProcess
 from rte import ComposedEngine, Notice, NoticeKind
 from rte.client import ShmClient
 from rte.errors import RequestError
+from rte.ipc.inspect import snapshot
+from rte.ipc.metrics import prometheus
 from rte.models.learned import LearnedWorldModel
 from rte.protocol.requests import Resume, Suspend
 
@@ -59,6 +61,22 @@ def drain(client: ShmClient, frames: dict[int, Any], seconds: float) -> None:
                 frames[chunk.chunk] = np.array(chunk.latent)
 
 
+def parked_figures(name: str, timeout: float = 5.0) -> dict[str, int]:
+    """Each live session's parked bytes as ``rte inspect --json`` shows them, once one is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        clients = snapshot(name)["clients"]
+        shown = {
+            s["session"]: s["parked_bytes"]
+            for c in clients
+            for s in c.get("session_figures", [])
+            if s["live"]
+        }
+        if any(shown.values()) or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.05)
+
+
 def answer(client: ShmClient, kind: NoticeKind, seq: int, timeout: float = 10.0) -> Notice:
     """The notice of ``kind`` answering ``seq`` (chunks that come meanwhile are kept)."""
     deadline = time.monotonic() + timeout
@@ -90,6 +108,10 @@ def test_a_session_suspended_at_the_daemon_resumes_bit_identical(daemon: DaemonP
         held = len(frames)
         drain(client, frames, 0.3)
         assert len(frames) == held  # suspended: nothing comes
+        shown = parked_figures(daemon.name)
+        assert shown["a"] > 10_000, shown  # rte inspect (--json) shows its state's bytes
+        exposition = prometheus(snapshot(daemon.name))
+        assert f'rte_sessions_parked{{daemon="{daemon.name}"}} 1' in exposition
         client.transport.send(Resume("a", seq=902))
         answer(client, NoticeKind.RESUMED, 902)
         collect(client, frames, CHUNKS)

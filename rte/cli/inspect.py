@@ -245,6 +245,7 @@ _SESSION_COLUMNS = [  # (heading, figure, format)
     ("PHOTON p50", "photon_p50_ms", "{:.1f}ms"),
     ("p95", "photon_p95_ms", "{:.1f}ms"),
     ("REDUCED", "reductions", "{:d}"),
+    ("PARKED", "parked_bytes", "{:,d}B"),
 ]
 
 

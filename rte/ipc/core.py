@@ -137,6 +137,7 @@ class DaemonCore:
         self._next_beat = 0.0
         self._steps = 0  # steps since the counters were last written
         self._claims = -1
+        self._parked_shown: set[int] = set()  # clients whose figures show a parked session
 
     def run(self, stopping: threading.Event) -> None:
         """Serve until ``stopping`` is set; then finalize every session. A failure
@@ -175,6 +176,7 @@ class DaemonCore:
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
             self.departures.retry_orphans(now)
             publish_realtime(self.control, self.loop, self.settings.pace_hz)
+            self._publish_parked()
         for connection in list(self.table.connections.values()):  # 2.
             try:
                 if connection.backlog:
@@ -215,6 +217,17 @@ class DaemonCore:
             self.checkpoints.after_step(self.loop, due)
         self._steps += 1
         return True
+
+    def _publish_parked(self) -> None:
+        """Each parked session's bytes into its figures (for rte inspect)."""
+        parked = self.loop.parking.parked
+        for connection in self.table.connections.values():
+            shown = connection.index in self._parked_shown
+            if connection.figures is not None and (parked or shown):
+                handles = connection.handles
+                mine = {handles[s]: p.nbytes for s, p in parked.items() if s in handles}
+                connection.figures.parked(mine)
+                (self._parked_shown.add if mine else self._parked_shown.discard)(connection.index)
 
     def _count_steps(self) -> None:
         """Add the steps and chunks since the last call to the daemon's counters."""

@@ -16,7 +16,8 @@ writer: the serve thread) into arrays an inspector maps read-only:
 - **input to photon**: an action received to the first chunk emitted whose
   receipt (``applied``) is at least its ``seq``; the oldest action not yet
   applied is the one timed, so it costs two words a session;
-- **reductions**: how often the overload governor lowered its rate.
+- **reductions**: how often the overload governor lowered its rate;
+- **parked**: the bytes of its state while it is parked (:mod:`rte.parking`).
 
 The arrays are per client slot and session handle, ``(handles, WORDS)``
 words plus two ``(handles, BUCKETS)`` histograms and the session's name,
@@ -55,6 +56,7 @@ class Word(enum.IntEnum):
     PENDING_NS = 9  # when it was received
     PHOTONS = 10  # actions timed to their photon
     PERIOD_NS = 11  # the pace the figures were counted at (0: unpaced)
+    PARKED_BYTES = 12  # its state's bytes while parked (rte.parking; 0: in a row)
 
 
 WORDS = 16  # room to grow without moving the histograms
@@ -150,6 +152,13 @@ class SessionFigures:
     def reduced(self, handle: int) -> None:
         self.words[handle, Word.REDUCTIONS] += 1
 
+    def parked(self, bytes_by_handle: dict[int, int]) -> None:
+        """Each bound handle's parked bytes (those not named: in a row)."""
+        column = self.words[:, Word.PARKED_BYTES]
+        column[...] = 0
+        for handle, nbytes in bytes_by_handle.items():
+            column[handle] = nbytes
+
     # -- the readers ------------------------------------------------------------
 
     def session(self, handle: int, now_ns: int) -> dict[str, Any]:
@@ -175,6 +184,7 @@ class SessionFigures:
             "photon_p50_ms": photon[0] / 1e3 if photon else None,
             "photon_p95_ms": photon[1] / 1e3 if photon else None,
             "reductions": row[Word.REDUCTIONS],
+            "parked_bytes": row[Word.PARKED_BYTES],
         }
 
     def sessions(self, now_ns: int) -> list[dict[str, Any]]:

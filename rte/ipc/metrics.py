@@ -112,6 +112,16 @@ def prometheus(snap: dict[str, Any]) -> str:
             min(on_time, default=100.0) / 100,
         ),
         (
+            "sessions_parked",
+            "Live sessions parked: their rows freed, their states in host memory.",
+            sum(1 for s in live if s.get("parked_bytes")),
+        ),
+        (
+            "sessions_parked_bytes",
+            "The bytes of the parked sessions' states.",
+            sum(s.get("parked_bytes", 0) for s in live),
+        ),
+        (
             "session_stall_longest_seconds",
             "The longest stall of any live session (its longest gap less a period).",
             max((s["longest_stall_ms"] for s in live), default=0.0) / 1e3,
