@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,8 @@ from rte.ipc.allocator import Lease
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.router import Router
 from rte.protocol.control import Control, Counter
-from rte.protocol.wire import encode_notice, encode_step, stamp_pushed
+from rte.protocol.steps import send_step
+from rte.protocol.wire import encode_notice
 from rte.receipts import Receipts
 from rte.serve import OutboxItem
 from shm import ShmError, Slab, one_run
@@ -123,7 +123,10 @@ class Outbound:
         if handles is not None and live:
             receipts = self.receipts
             applied = receipts.column(sessions, record.chunks) if receipts is not None else None
-            encoded = encode_step(
+            pushed = send_step(
+                owner.outbox,
+                owner.send,
+                bool(owner.backlog),
                 slots,
                 record.generations,
                 record.chunks,
@@ -133,9 +136,7 @@ class Outbound:
                 emitted_ns=emitted_ns,
                 applied=applied,
             )
-            pushed = time.monotonic_ns()
-            stamp_pushed(encoded, pushed)
-            if owner.send(encoded):
+            if pushed:
                 self.histogram.add(pushed - emitted_ns)
                 owner.emitted[index] += 1
                 self._emitted += len(slots)
