@@ -17,7 +17,7 @@ from daemon_harness import DaemonProcess
 
 from rte import ComposedEngine, Notice, NoticeKind
 from rte.client import ShmClient
-from rte.errors import RequestError
+from rte.errors import AdmissionError
 from rte.ipc.inspect import snapshot
 from rte.ipc.metrics import prometheus
 from rte.models.learned import LearnedWorldModel
@@ -123,7 +123,7 @@ def test_a_session_suspended_at_the_daemon_resumes_bit_identical(daemon: DaemonP
 
 def test_an_idle_session_is_parked_and_resumed_by_its_release(shm_prefix: str) -> None:
     args = ("--model", "world", "--max-sessions", "1", "--park-idle-s", "0.2", "--credits", "2")
-    d = DaemonProcess(shm_prefix, *args, "--admission", "rows")
+    d = DaemonProcess(shm_prefix, *args, "--admission", "rows", "--quota", "8")
     try:
         twin = twin_frames(CHUNKS)
         with d.client() as client:
@@ -133,7 +133,7 @@ def test_an_idle_session_is_parked_and_resumed_by_its_release(shm_prefix: str) -
             assert all(c is not None for c in held)
             parked = answer(client, NoticeKind.SUSPENDED, 0)
             assert "idle" in parked.message
-            with pytest.raises(RequestError, match="one per handle of its mailbox"):
+            with pytest.raises(AdmissionError, match="one per handle of its mailbox"):
                 client.attach("c", {})  # (it was a protocol error: the client disconnected)
             with d.client() as other:  # the row a left: more sessions than rows
                 other.attach("b", {})

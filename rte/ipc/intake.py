@@ -99,6 +99,20 @@ class Intake:
             self.departures.reap(connection)
             return
         refusal = self.router.refuse(connection, message)
+        if (
+            isinstance(message, Attach)
+            and refusal is None
+            and self._out_of_handles(connection, message.session)
+        ):
+            text = (
+                f"session {message.session!r} refused: this client holds {len(connection.names)} "
+                "sessions (some parked), one per handle of its mailbox (one per row); detach "
+                "one, or attach it from another client"
+            )
+            notice = Notice(message.session, NoticeKind.REJECTED, text, message.seq)
+            self.out.send(connection, notice)
+            self.inputs.unused(connection.index, conditioning_of(message))
+            return
         if message.session in self.departures.orphans:
             refusal = f"session {message.session!r} is being detached; try again later"
         if refusal is not None:
@@ -132,6 +146,16 @@ class Intake:
             self._track_inputs(message, answers, samples, again)
         self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
+
+    def _out_of_handles(self, connection: Connection, session: str) -> bool:
+        """Whether an attach by ``connection`` would find no free session handle: only
+        possible while some of its sessions are parked (else the engine's rows refuse)."""
+        parked = self.loop.parking.parked
+        if session in connection.handles:  # attached already: the loop answers
+            return False
+        return len(connection.handles) >= len(connection.names) and any(
+            s in parked for s in connection.handles
+        )
 
     def _track_inputs(
         self, message: Request, answers: list[OutboxItem], samples: dict[str, Sample], again: bool

@@ -44,13 +44,6 @@ class Router:
         if owner is not None and owner is not requester:
             return f"PermissionError: session {request.session!r} belongs to another client"
         if isinstance(request, Attach) and owner is None:
-            handles = len(requester.names)
-            if len(requester.handles) >= handles:  # (possible once sessions are parked)
-                return (
-                    f"AdmissionError: session {request.session!r} refused: this client holds "
-                    f"{handles} sessions, one per handle of its mailbox (one per row); detach "
-                    "one, or attach it from another client"
-                )
             held = int(requester.credits.sum())  # (a free handle holds 0)
             fix = "start the daemon with a larger --quota (and --slab-slots)"
             refusal = credit_refusal(held, request.credits or self.default_credits, self.quota, fix)
