@@ -20,7 +20,7 @@ import pytest
 from daemon_harness import DaemonProcess, Deadline, take
 from test_client import Engines
 
-from rte.client import ChunkBatch, EngineClient
+from rte.client import Chunk, ChunkBatch, EngineClient
 from rte.models.null import tag_of
 from shm import ForeignSlot, QuotaExceeded, Segment, Slab, SlabFull, StaleSlot
 from shm.segment import HEADER_SIZE
@@ -233,6 +233,42 @@ def _until_quiet(client: EngineClient) -> list[ChunkBatch]:
     return held
 
 
+def _one_step_by_chunk(client: EngineClient, size: int) -> list[Chunk]:
+    """``size`` chunks of one step, taken by ``poll`` (sessions of one credit each)."""
+    limit = Deadline(what=f"a step of {size} taken a chunk at a time")
+    while True:
+        limit.check()
+        _batch(client, size).release()  # every credit back in one call: the next step has all
+        chunks = [client.poll(timeout=10) for _ in range(size)]
+        assert all(chunks), "a step's chunks did not come"
+        got = [c for c in chunks if c is not None]
+        if len({c.timing.emitted_ns for c in got}) == 1:
+            return got
+        for chunk in got:
+            chunk.release()
+
+
+def test_chunks_released_one_at_a_time_give_back_their_credit_before_the_next_wait(
+    engine: Engines,
+) -> None:
+    # The per-chunk API gives a step's released rows back together (issue 27): a
+    # release with a chunk of its step still held must still be back before the
+    # client waits, or the sessions it freed would stall behind the held one.
+    client = engine.client("null")
+    for name in ("a", "b", "c"):
+        client.attach(name, credits=1)
+    a, b, c = sorted(_one_step_by_chunk(client, 3), key=lambda chunk: chunk.session)
+    a.release()
+    b.release()
+    assert a.released and client.held() == 1  # counted at once
+    nxt = client.poll(timeout=10)  # only a and b have credit: their releases went back
+    assert nxt is not None and nxt.session in ("a", "b")
+    assert nxt.chunk == {"a": a, "b": b}[nxt.session].chunk + 1
+    nxt.release()
+    c.release()
+    assert client.held() == 0
+
+
 def test_a_step_is_one_batch_even_when_its_rows_were_made_apart(engine: Engines) -> None:
     # Regression: a session that sat steps out (no credit) is decoded with rows made
     # at another step; that step still reaches its client as one batch (was: two).
@@ -321,6 +357,26 @@ def test_steps_straddling_the_rings_wrap_arrive_whole(shm_prefix: str) -> None:
                         last[session] = chunk
             wrapped = client.transport.outbox.statistics()
             assert wrapped.bytes_pushed > 4 * wrapped.capacity  # it did go round
+    finally:
+        assert d.stop() == 0, d.stderr
+
+
+def test_a_steps_chunks_released_one_at_a_time_go_back_together(shm_prefix: str) -> None:
+    # Issue 27: the per-chunk API pays per step: each release only counts, and the
+    # step's rows go back in one call with its last (its released count says so).
+    d = DaemonProcess(shm_prefix, "--model", "null", "--max-clients", "1")
+    try:
+        with d.client() as client:
+            for name in ("a", "b", "c"):
+                client.attach(name, credits=1)
+            chunks = _one_step_by_chunk(client, 3)
+            slab = client.transport.slot.slab  # the daemon's slab, as this client maps it
+            before = slab.statistics().released
+            chunks[0].release()
+            chunks[1].release()
+            assert client.held() == 1 and slab.statistics().released == before
+            chunks[2].release()
+            assert client.held() == 0 and slab.statistics().released == before + 3
     finally:
         assert d.stop() == 0, d.stderr
 

@@ -151,8 +151,13 @@ class AsyncClient:
 
     async def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, or None after ``timeout`` s."""
-        deadline = time.monotonic() + arguments.timeout(timeout)
+        if timeout.__class__ is not float or not 0.0 <= timeout <= arguments.MAX_TIMEOUT_S:
+            timeout = arguments.timeout(timeout)  # (the fast path: a plain float in range)
+        self._check_open()
         core = self._core
+        if (chunk := core.next_chunk()) is not None:  # one of a step already here
+            return chunk
+        deadline = time.monotonic() + timeout
         while await self._until(core.has_chunks, deadline - time.monotonic()):
             if core.has_chunks():
                 return core.take_chunk()
@@ -190,8 +195,9 @@ class AsyncClient:
             raise ClientClosedError(f"this client of {self.name!r} is closed; connect again")
 
     def _pump(self) -> None:
-        """Sort what arrived (at once)."""
+        """Give back what chunks released, then sort what arrived (at once)."""
         core = self._core
+        core.flush()
         core.sort(self.transport.receive(core.release_rows))
 
     async def _call(self, request: Call, timeout: float) -> None:
@@ -275,9 +281,11 @@ class AsyncClient:
         for fd in fds:
             loop.add_reader(fd, _resolve, wake)
         timer = loop.call_later(budget, _resolve, wake)
+        self._core.eager = True  # other tasks' releases go back at once: nobody flushes now
         try:
             await wake
         finally:
+            self._core.eager = False
             timer.cancel()
             for fd in fds:
                 loop.remove_reader(fd)

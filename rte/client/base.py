@@ -156,8 +156,11 @@ class EngineClient:
 
     def poll(self, timeout: float = 1.0) -> Chunk | None:
         """The next chunk, waiting up to ``timeout`` s; None if none came."""
-        if not self._wait_for_chunks(timeout):
-            return None
+        if timeout.__class__ is not float or not 0.0 <= timeout <= arguments.MAX_TIMEOUT_S:
+            timeout = arguments.timeout(timeout)  # (the fast path: a plain float in range)
+        chunk = self._core.next_chunk()  # one of a step already here: no wait, no pump
+        if chunk is not None or not self._wait_for_chunks(timeout):
+            return chunk
         return self._core.take_chunk()
 
     def results(self, timeout: float = 1.0) -> Iterator[Chunk]:
@@ -211,8 +214,10 @@ class EngineClient:
         return True
 
     def _pump(self, timeout: float) -> None:
-        """Sort whatever arrives (waiting up to ``timeout`` s for something)."""
+        """Give back what chunks released, then sort whatever arrives (waiting up
+        to ``timeout`` s for something)."""
         transport = self.transport
+        self._core.flush()
         if timeout > 0 and not transport.wait(timeout):
             return
         self._core.sort(transport.receive(self._core.release_rows))

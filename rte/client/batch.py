@@ -7,8 +7,14 @@ of the slab, strided by the slot size), else a list of ``n`` arrays; the
 per-row session ids, chunk indices and generation times are a list and NumPy
 arrays; the step's emit, push and take times are one number each. No Python
 object is made per chunk. ``release()`` gives every row back in one call (one
-C call over shared memory); ``chunk(i)`` and ``release_row(i)`` serve the
-per-chunk API (:meth:`EngineClient.poll`), which is built on batches.
+C call over shared memory); ``release_row(i)`` gives one row back at once.
+
+The per-chunk API (:meth:`EngineClient.poll`) is built on batches and pays per
+step, not per chunk: a released chunk only marks its row (:meth:`ChunkBatch.defer_row`);
+the client core gives a batch's marked rows back in one call when its last row
+is released, or before it hands out the next step or waits for one
+(:meth:`ChunkBatch.take_deferred`), so a released chunk's slot and credit are
+back before the engine can need them for a chunk this client would see.
 
     batch = client.poll_batch(timeout=1.0)
     if batch is not None:
@@ -51,11 +57,13 @@ class ChunkBatch:
         applied: each row's receipt: the seq of the last action (the value
             ``act`` returned) its session had applied before the chunk was
             generated, 0 for none (int64 array, made on first use).
+        unreleased: rows not yet released.
     """
 
     __slots__ = (
         "_applied",
         "_chunks",
+        "_deferred",
         "_generated",
         "_held",
         "_release",
@@ -67,6 +75,7 @@ class ChunkBatch:
         "pushed_ns",
         "sessions",
         "taken_ns",
+        "unreleased",
     )
 
     def __init__(
@@ -94,8 +103,10 @@ class ChunkBatch:
         self.pushed_ns = pushed_ns
         self.taken_ns = taken_ns
         self.lease = lease
-        self._release: Release | None = release
-        self._held: np.ndarray[Any, Any] | None = None  # per-row, once a row is released alone
+        self._release: Release | None = release  # None once no row is held
+        self._held: bytearray | None = None  # per-row 1: held, once a row is released alone
+        self.unreleased = len(sessions)
+        self._deferred: list[int] = []  # rows released by defer_row, not yet given back
         self._start = start
 
     def __len__(self) -> int:
@@ -140,41 +151,85 @@ class ChunkBatch:
     # -- giving back ---------------------------------------------------------
 
     def release(self) -> None:
-        """Give back every row not yet released, in one call (idempotent)."""
+        """Give back every row not yet released, in one call (idempotent). Rows
+        a chunk released (:meth:`defer_row`) go back with the client's next
+        :meth:`take_deferred`, not here."""
         release, self._release = self._release, None
         if release is None:
             return
-        if self._held is None:
-            rows = np.arange(self._start, self._start + len(self), dtype=np.intp)
+        held, n = self._held, len(self)
+        if held is None:
+            rows = np.arange(self._start, self._start + n, dtype=np.intp)
         else:
-            rows = np.flatnonzero(self._held) + self._start
-        self._held = np.zeros(len(self), bool)
+            rows = np.flatnonzero(np.frombuffer(held, np.uint8)) + self._start
+        self._held = bytearray(n)
+        self.unreleased = 0
         if len(rows):
             release(self, rows)
 
     def release_row(self, i: int) -> None:
-        """Give back row ``i`` alone (idempotent): the per-chunk API's release.
+        """Give back row ``i`` alone, at once (idempotent).
         RequestError for a row this batch does not have (a negative index would
         name a row of the step before this batch's first)."""
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self):
             raise RequestError(f"row {i!r}: this batch has rows 0 to {len(self) - 1}")
-        if self._release is None:
+        release = self._release
+        if release is None or not self._mark(int(i)):
             return
-        if self._held is None:
-            self._held = np.ones(len(self), bool)
-        if self._held[i]:
-            self._held[i] = False
-            self._release(self, np.array([i + self._start], dtype=np.intp))
-            if not self._held.any():
-                self._release = None
+        if not self.unreleased:
+            self._release = None
+        release(self, np.array([i + self._start], dtype=np.intp))
+
+    def defer_row(self, i: int) -> int:
+        """Mark row ``i`` released without giving it back yet (the per-chunk
+        API's release; the client gives it back with :meth:`take_deferred`).
+        Returns how many rows wait to be given back now, 0 when row ``i`` was
+        released already (nothing changed)."""
+        held = self._held
+        if held is None:
+            held = self._held = bytearray(b"\x01") * len(self.sessions)
+        elif not held[i] or self._release is None:
+            return 0
+        held[i] = 0  # (the hot path of poll and release: _mark inlined)
+        self.unreleased -= 1
+        if not self.unreleased:
+            self._release = None
+        deferred = self._deferred
+        deferred.append(i)
+        return len(deferred)
+
+    def take_deferred(self) -> np.ndarray[Any, Any] | None:
+        """The rows :meth:`defer_row` marked since the last call (indices into
+        the lease, as a transport's give back takes them), now the caller's to
+        give back; None when there are none."""
+        deferred = self._deferred
+        if not deferred:
+            return None
+        self._deferred = []
+        rows = np.array(deferred, dtype=np.intp)
+        if self._start:
+            rows += self._start
+        return rows
+
+    def _mark(self, i: int) -> bool:
+        """Row ``i`` is released from now on; False when it was already."""
+        held = self._held
+        if held is None:
+            held = self._held = bytearray(b"\x01") * len(self)
+        elif not held[i]:
+            return False
+        held[i] = 0
+        self.unreleased -= 1
+        return True
 
     @property
     def released(self) -> bool:
+        """Whether no row is held (every one released, given back or about to be)."""
         return self._release is None
 
     def tail(self, start: int) -> ChunkBatch:
-        """Rows ``start`` onwards as a batch of their own (same lease): what
-        poll_batch hands out after poll took the first rows."""
+        """Rows ``start`` onwards as a batch of their own (same lease), given up
+        by this one: what poll_batch hands out after poll took the first rows."""
         rest = ChunkBatch(
             self.sessions[start:],
             self._chunks[start:],
@@ -188,8 +243,19 @@ class ChunkBatch:
             start=self._start + start,
             applied=None if self._applied is None else self._applied[start:],
         )
-        if self._release is None:
+        held = self._held
+        if held is not None:  # rows released already stay released in the rest
+            rest._held = held[start:]
+            rest.unreleased = sum(rest._held)
+        if not rest.unreleased:
             rest._release = None
+        given = len(self) - start if held is None else sum(held[start:])
+        self._held = (bytearray(b"\x01") * start if held is None else held[:start]) + bytearray(
+            len(self) - start
+        )
+        self.unreleased -= given
+        if not self.unreleased:
+            self._release = None
         return rest
 
     def __enter__(self) -> ChunkBatch:

@@ -14,9 +14,21 @@ The one place of a client's behaviour, whatever its transport
   answers, or to the notices nobody waits for (an action refused, an idle
   detach, an engine-wide error), and keeps the attached sessions;
 - **handing out**: a step's batch whole (``poll_batch``), or a chunk at a time
-  (``poll``: :class:`Chunk` s made on demand over the same batches);
+  (``poll``: a :class:`Chunk` is a row of the same batches, its fields read
+  from the batch when asked);
 - **held counts**: rows handed out and not yet released; a release counts,
   then the transport gives the rows back.
+
+The per-chunk API costs what the batch API costs: a chunk's release counts at
+once but only marks its row (:meth:`ChunkBatch.defer_row`); the marked rows of
+a batch go back to the transport in one call when the batch's last row is
+released, else before the core hands out the next step (:meth:`ClientCore.take_chunk`
+at a batch's first row, :meth:`ClientCore.take_batch`) or its caller waits or
+receives (:meth:`ClientCore.flush`). So the transport's give back (one C call,
+the credits, the doorbell) runs per step, and a released chunk's slot and
+credit are back before the engine could need them for a chunk this client
+would see. A caller whose other tasks release while it sleeps (asyncio) sets
+:attr:`ClientCore.eager`: releases then go back at once, as nobody would flush.
 """
 
 from __future__ import annotations
@@ -45,43 +57,66 @@ _FINAL = {  # the notices that answer each waiting call
 
 
 class Chunk:
-    """One chunk of one session.
+    """One chunk of one session: row ``row`` of a step's :class:`ChunkBatch`.
 
     ``latent`` is read-only; over shared memory it is a view of the slab slot
     the engine wrote it into, valid until :meth:`release` (or the end of a
     ``with`` block), after which the slot may be reused. Release every chunk:
     a client that holds its whole quota stalls its own sessions.
+
+    Attributes (read from the batch when asked, nothing made before):
+        session: its session.
+        chunk: its index in the session's stream.
+        latent: its latent (a read-only view).
+        timing: its timestamps.
+        applied: the seq of the last action it reflects (0: none).
+        lease: ``(batch, row)``: the step batch the chunk is a row of.
     """
 
-    __slots__ = ("_release", "applied", "chunk", "latent", "lease", "session", "timing")
+    __slots__ = ("_batch", "_core", "_latent", "_row")
 
-    def __init__(
-        self,
-        session: str,
-        chunk: int,
-        latent: np.ndarray[Any, Any],
-        timing: Timing,
-        release: Callable[[Chunk], None],
-        lease: Any = None,
-        applied: int = 0,
-    ) -> None:
-        self.applied = applied  # the seq of the last action it reflects (0: none)
-        self.session = session
-        self.chunk = chunk
-        self.latent = latent
-        self.timing = timing
-        self.lease = lease  # (batch, row): the step batch the chunk is a row of
-        self._release: Callable[[Chunk], None] | None = release
+    def __init__(self, batch: ChunkBatch, row: int, core: ClientCore | None) -> None:
+        self._batch = batch
+        self._row = row
+        self._core = core  # None once released
+        self._latent: np.ndarray[Any, Any] | None = None
+
+    @property
+    def session(self) -> str:
+        return self._batch.sessions[self._row]
+
+    @property
+    def chunk(self) -> int:
+        return self._batch.chunk_index(self._row)
+
+    @property
+    def latent(self) -> np.ndarray[Any, Any]:
+        latent = self._latent
+        if latent is None:
+            latent = self._latent = self._batch.latents[self._row]
+        return latent
+
+    @property
+    def timing(self) -> Timing:
+        return self._batch.timing(self._row)
+
+    @property
+    def applied(self) -> int:
+        return self._batch.applied_of(self._row)
+
+    @property
+    def lease(self) -> tuple[ChunkBatch, int]:
+        return self._batch, self._row
 
     def release(self) -> None:
         """Hand the chunk's memory back to the engine (idempotent)."""
-        release, self._release = self._release, None
-        if release is not None:
-            release(self)
+        core, self._core = self._core, None
+        if core is not None:
+            core.release_chunk(self._batch, self._row)
 
     @property
     def released(self) -> bool:
-        return self._release is None
+        return self._core is None
 
     def __enter__(self) -> Chunk:
         return self
@@ -118,6 +153,8 @@ class ClientCore:
         self._batches: collections.deque[ChunkBatch] = collections.deque()
         self._cursor = 0  # rows of the first batch already handed out by take_chunk
         self._held = 0  # rows handed out and not yet released
+        self._deferred: list[ChunkBatch] = []  # batches with rows released, not given back
+        self.eager = False  # True: a chunk's release goes back at once (see the module)
 
     # -- requests -------------------------------------------------------------
 
@@ -211,6 +248,8 @@ class ClientCore:
 
     def take_batch(self) -> ChunkBatch:
         """The next batch (what poll left of it); only when :meth:`has_chunks`."""
+        if self._deferred:  # a new step: what chunks released goes back first
+            self.flush()
         batch = self._batches.popleft()
         if self._cursor:
             batch, self._cursor = batch.tail(self._cursor), 0
@@ -218,22 +257,28 @@ class ClientCore:
         return batch
 
     def take_chunk(self) -> Chunk:
-        """The next chunk, as its own object; only when :meth:`has_chunks`."""
-        batch, i = self._batches[0], self._cursor
-        self._cursor += 1
-        if self._cursor == len(batch):
-            self._batches.popleft()
+        """The next chunk; only when :meth:`has_chunks`."""
+        chunk = self.next_chunk()
+        assert chunk is not None  # (the caller checked has_chunks)
+        return chunk
+
+    def next_chunk(self) -> Chunk | None:
+        """The next chunk if one waits (None if not): :meth:`take_chunk` on the
+        poll's fast path. ClientClosedError once closed."""
+        batches = self._batches
+        if not batches:
+            self.check_open()  # (closing empties the queue)
+            return None
+        batch, i = batches[0], self._cursor
+        if not i and self._deferred:  # a new step: what chunks released goes back first
+            self.flush()
+        if i + 1 == len(batch.sessions):
+            batches.popleft()
             self._cursor = 0
+        else:
+            self._cursor = i + 1
         self._held += 1
-        return Chunk(
-            batch.sessions[i],
-            batch.chunk_index(i),
-            batch.latents[i],
-            batch.timing(i),
-            _release_row,
-            (batch, i),
-            batch.applied_of(i),
-        )
+        return Chunk(batch, i, self)
 
     def drain_notices(self) -> list[Notice]:
         out = list(self._notices)
@@ -252,17 +297,36 @@ class ClientCore:
             self._held -= len(rows)
             self._give_back(batch, rows)
 
+    def release_chunk(self, batch: ChunkBatch, row: int) -> None:
+        """A chunk's release: count it now; its row goes back with the batch's
+        last, or at the next :meth:`flush` (see the module)."""
+        deferred = batch.defer_row(row)
+        if not deferred or self.closed:  # released already; closed: nothing goes back
+            return
+        self._held -= 1
+        if self.eager or not batch.unreleased:
+            rows = batch.take_deferred()
+            if rows is not None:
+                self._give_back(batch, rows)
+        elif deferred == 1:
+            self._deferred.append(batch)
+
+    def flush(self) -> None:
+        """Give back every row chunks released and not yet given back (one
+        transport call per batch)."""
+        batches, self._deferred = self._deferred, []
+        for batch in batches:
+            rows = batch.take_deferred()
+            if rows is not None and not self.closed:
+                self._give_back(batch, rows)
+
     def close(self) -> bool:
         """Forget every batch and session; True the first time (the caller leaves)."""
         if self.closed:
             return False
         self.closed = True
         self._batches.clear()
+        self._deferred.clear()
         self._held = 0
         self.sessions.clear()
         return True
-
-
-def _release_row(chunk: Chunk) -> None:
-    batch, row = chunk.lease
-    batch.release_row(row)
