@@ -6,7 +6,7 @@ last ``tag``; a round sends a new tag to one session (round r: session r mod n)
 and times, on ``time.monotonic_ns``, until a chunk of that session carries it.
 
 * in process: ``ComposedEngine.step`` in a loop on this thread that hands each
-  chunk to a callback (a direct in-process callback);
+  chunk to a callback (a direct in-process callback; :mod:`tools.e2e_inprocess`);
 * daemon: ``rte serve --model null`` in another process, the action over the
   inbox ring, the chunk back over the outbox ring and the slab, held when
   ``client.poll_batch()`` returns its step's batch (the batch API: one record,
@@ -15,7 +15,12 @@ and times, on ``time.monotonic_ns``, until a chunk of that session carries it.
 Two modes, one row per (sessions, mode):
 
 * ``flat``: both step as fast as they can. Also chunks/s flat out: the
-  in-process loop with its callback, and a client draining the daemon.
+  in-process loop with its callback, and a client draining the daemon. Flat
+  rows measure the daemon with both client APIs: the batch API above, and the
+  per-chunk API (``client.poll()`` and ``chunk.release()`` per chunk, the
+  README's first snippet): ``chunk_api_*`` its act-to-chunk latency and
+  chunks/s, ``batch_x``/``chunk_x`` each API's chunks/s over the in-process
+  loop's (issue 27's targets: 0.9x and 0.8x at 64 sessions).
 * ``paced``: 60 Hz. The daemon is a second one, ``rte serve --pace-hz 60``;
   the in-process side is a paced loop of this module around the same
   ``ComposedEngine.step`` and callback (it sleeps to each tick as
@@ -43,122 +48,31 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rte.client import ChunkBatch, EngineClient
-from rte.composed import ComposedEngine
-from rte.contract import Action, StepResult
 from rte.errors import RteError
 from rte.launch import START_TIMEOUT_S, LaunchedDaemon, Progress, unique_name
-from rte.models.null import NullModel, tag_of
+from rte.models.null import tag_of
 from tools import report
+from tools.e2e_inprocess import action_points, due_at, in_process
 
 PACE_HZ = 60.0
 TIMEOUT_S = 10.0  # every wait for a chunk
 FLAT = ["inproc_p50_us", "inproc_p99_us", "daemon_p50_us", "daemon_p99_us"]
 FLAT += ["added_p50_us", "added_p99_us", "inproc_chunks_per_s", "daemon_chunks_per_s"]
+PER_CHUNK = ["chunk_api_p50_us", "chunk_api_p99_us", "chunk_api_chunks_per_s"]
+PER_CHUNK += ["batch_x", "chunk_x"]
 PACED = [*FLAT, "held_p50_us", "held_p99_us", "client_cpu_pct"]
 PACED += ["inproc_held_p50_us", "inproc_held_p99_us", "inproc_cpu_pct"]
 TITLE = "Action to the chunk that reflects it (null model)"
 TABLES: list[report.TableSpec] = [
-    (f"{TITLE}, flat", "rows", {"mode": "flat"}, ["sessions", *FLAT]),
+    (f"{TITLE}, flat", "rows", {"mode": "flat"}, ["sessions", *FLAT, *PER_CHUNK]),
     (f"{TITLE}, paced at 60 Hz", "rows", {"mode": "paced"}, ["sessions", *PACED]),
 ]
 Tags = Iterator[int]
-
-
-# -- in process ------------------------------------------------------------------
-
-
-def _engine(sessions: int) -> tuple[ComposedEngine, list[str]]:
-    engine = ComposedEngine(NullModel(sessions), lanes="cpu")
-    names = [f"s{i}" for i in range(sessions)]
-    for name in names:
-        engine.attach(name)
-    for _ in range(4):
-        engine.step(names)
-    return engine, names
-
-
-def _phases(rounds: int, period_ns: int) -> list[int]:
-    """When to send each round's action, in ns after the last emission: ``rounds``
-    evenly spaced points of the period, in a fixed shuffled order."""
-    order = random.Random(rounds).sample(range(rounds), rounds)
-    return [(k * 2 + 1) * period_ns // (2 * rounds) for k in order]
-
-
-def _due_at(anchor_ns: int, phase_ns: int, period_ns: int) -> int:
-    at = anchor_ns + phase_ns
-    now = time.monotonic_ns()
-    while at <= now:  # that point has passed: the same point of a later period
-        at += period_ns
-    return at
-
-
-def _sleep_until(at_ns: int) -> None:
-    if (delay := at_ns - time.monotonic_ns()) > 0:  # never sleep(0): it yields the core
-        time.sleep(delay / 1e9)
-
-
-def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> dict[str, Any]:
-    """The in-process side of a window. ``samples``: per round, ns from handing the
-    action to the engine to the callback (on the stepping thread) seeing the tagged
-    chunk; then ``seconds`` of steady stepping: ``rate`` (chunks/s) and, paced,
-    ``held`` (emitted to callback, ns per chunk) and ``cpu`` (% of one core).
-    ``hz`` 0: flat out, each action at once; else paced, at the points of _phases."""
-    engine, names = _engine(sessions)
-    period = round(1e9 / hz) if hz else 0
-    phases = _phases(rounds, period) if period else [0] * rounds
-    samples: list[int] = []
-    held: list[int] = []
-    state = {"sent": 0, "anchor": time.monotonic_ns(), "count": 0}
-    actions: dict[str, Action] = {}
-    next_tick = time.monotonic_ns()
-
-    def step(callback: Callable[[StepResult], None]) -> None:
-        nonlocal next_tick, actions
-        _sleep_until(next_tick)
-        results = engine.step(names, actions)
-        actions = {}
-        for result in results:
-            if result.has_chunk:
-                callback(result)
-        next_tick = max(next_tick + period, time.monotonic_ns())  # late: no catching up
-
-    def round_callback(result: StepResult) -> None:
-        r = len(samples)
-        assert result.latent is not None
-        if state["sent"] and result.session == names[r % sessions] and tag_of(result.latent) == r:
-            samples.append(time.monotonic_ns() - state["sent"])
-            state["sent"], state["anchor"] = 0, result.timing.emitted_ns
-
-    def count_callback(result: StepResult) -> None:
-        state["count"] += 1
-        if period:
-            held.append(time.monotonic_ns() - result.timing.emitted_ns)
-
-    try:
-        deadline = time.monotonic() + 60
-        while len(samples) < rounds and time.monotonic() < deadline:
-            r = len(samples)
-            if not state["sent"]:
-                at = _due_at(state["anchor"], phases[r], period) if period else 0
-                if at < next_tick:
-                    _sleep_until(at)
-                    state["sent"] = time.monotonic_ns()
-                    actions = {names[r % sessions]: Action({"tag": r})}
-            step(round_callback)
-        cpu, began = time.process_time(), time.monotonic()
-        while time.monotonic() - began < seconds:
-            step(count_callback)
-        elapsed = time.monotonic() - began
-        cpu_pct = (time.process_time() - cpu) / elapsed * 100
-    finally:
-        engine.close()
-    return {"samples": samples, "rate": state["count"] / elapsed, "held": held, "cpu": cpu_pct}
 
 
 # -- through a daemon ------------------------------------------------------------
@@ -225,6 +139,30 @@ def _drain_until(client: EngineClient, session: str, tag: int) -> tuple[int, int
                     return time.monotonic_ns(), batch.emitted_ns
 
 
+def _chunk_until(client: EngineClient, session: str, tag: int) -> tuple[int, int]:
+    """:func:`_drain_until` through the per-chunk API: a chunk at a time, each released."""
+    while True:
+        chunk = client.poll(timeout=TIMEOUT_S)
+        if chunk is None:
+            raise RuntimeError(f"no chunk from the daemon in {TIMEOUT_S}s")
+        with chunk:
+            if chunk.session == session and tag_of(chunk.latent) == tag:
+                return time.monotonic_ns(), chunk.timing.emitted_ns
+
+
+def _chunk_count(client: EngineClient, seconds: float) -> int:
+    """Take and release chunks one at a time (``poll`` and ``release`` per chunk)
+    as fast as they come for ``seconds``; how many came."""
+    count = 0
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        chunk = client.poll(timeout=left)
+        if chunk is not None:
+            chunk.release()
+            count += 1
+    return count
+
+
 def _drain_count(client: EngineClient, seconds: float, held: list[int] | None = None) -> int:
     """Take and release step batches as fast as they come for ``seconds`` (the batch
     API: one release per step); how many chunks came. With ``held``, append each
@@ -260,20 +198,27 @@ def _consume_until(client: EngineClient, at_ns: int) -> None:
 
 
 def through_daemon(
-    client: EngineClient, names: list[str], rounds: int, tags: Tags, period_ns: int = 0
+    client: EngineClient,
+    names: list[str],
+    rounds: int,
+    tags: Tags,
+    period_ns: int = 0,
+    per_chunk: bool = False,
 ) -> list[int]:
     """Per-round ns from act to the client holding the tagged chunk. Paced
-    (``period_ns``): each action at the points of :func:`_phases`."""
+    (``period_ns``): each action at the points of :func:`action_points`. ``per_chunk``:
+    the chunks are taken by the per-chunk API (else a step's batch at a time)."""
+    until = _chunk_until if per_chunk else _drain_until
     anchor = _settle(client, len(names))
-    phases = _phases(rounds, period_ns) if period_ns else []
+    phases = action_points(rounds, period_ns) if period_ns else []
     samples = []
     for r in range(rounds):
         session, tag = names[r % len(names)], next(tags)
         if period_ns:
-            _consume_until(client, _due_at(anchor, phases[r], period_ns))
+            _consume_until(client, due_at(anchor, phases[r], period_ns))
         t0 = time.monotonic_ns()
         client.act(session, {"tag": tag})
-        held_ns, anchor = _drain_until(client, session, tag)
+        held_ns, anchor = until(client, session, tag)
         samples.append(held_ns - t0)
     return samples
 
@@ -299,8 +244,17 @@ def _flat_window(
     local = in_process(len(names), rounds, seconds)
     remote = through_daemon(client, names, rounds, tags)
     rate = _drain_count(client, seconds) / seconds
+    by_chunk = report.percentiles_us(through_daemon(client, names, rounds, tags, per_chunk=True))
+    chunk_rate = _chunk_count(client, seconds) / seconds
     rates = {"inproc_chunks_per_s": local["rate"], "daemon_chunks_per_s": rate}
-    return {**_latency(local["samples"], remote), **rates}
+    per_chunk = {
+        "chunk_api_p50_us": by_chunk["p50_us"],
+        "chunk_api_p99_us": by_chunk["p99_us"],
+        "chunk_api_chunks_per_s": chunk_rate,
+        "batch_x": rate / local["rate"],
+        "chunk_x": chunk_rate / local["rate"],
+    }
+    return {**_latency(local["samples"], remote), **rates, **per_chunk}
 
 
 def _paced_window(
