@@ -50,7 +50,7 @@ from rte.errors import AdmissionError, EngineClosedError, EngineFault, RequestEr
 from rte.lanes import Lane, Lanes, make_lanes
 from rte.outcomes import emitted_by_row, report_failed, step_results
 from rte.output import HeapAllocator, OutputAllocator
-from rte.pipeline import Pipeline
+from rte.pipeline import HostShare, Pipeline
 from rte.stages import StageModel, check_conditioning, check_session_id, check_stages
 from rte.state import SessionState
 from rte.suspension import Suspension
@@ -65,6 +65,10 @@ class ComposedEngine:
         lanes: ``"auto"`` (CUDA streams for a model whose ``device`` is CUDA),
             ``"cpu"``, ``"cuda"``, ``"sim"``, or a :class:`Lanes` instance.
         allocator: where chunks are written; default :class:`HeapAllocator`.
+        publish: ``"wait"``: a step returns once its frames are written. ``"fenced"``:
+            it returns before (the device decodes while the host is between steps);
+            its frames are written once the next step or :meth:`wait_published`
+            returns, and only then may they be read or handed on.
     """
 
     def __init__(
@@ -74,7 +78,10 @@ class ComposedEngine:
         midrun_attach: bool = True,
         lanes: str | Lanes = "auto",
         allocator: OutputAllocator | None = None,
+        publish: str = "wait",
     ) -> None:
+        if publish not in ("wait", "fenced"):
+            raise ValueError(f"publish must be 'wait' or 'fenced', not {publish!r}")
         self._model = model
         self._manifest = model.manifest()
         stages = tuple(model.stages())
@@ -93,6 +100,7 @@ class ComposedEngine:
             self._manifest,
             self._arena,
             allocator or HeapAllocator(self._manifest),
+            fenced=publish == "fenced",
         )
         self._quiet = True  # no row pending, encoding or with a heavy change staged
         self._closed = False
@@ -232,6 +240,19 @@ class ComposedEngine:
     def age(self, session: str) -> int:
         """Chunks the session has generated (emitted or in flight)."""
         return int(self._arena.age[self._arena.lookup(session).index])
+
+    def host_share(self) -> HostShare:
+        """t_host: the host's time from a step's publish to the next step's HOT launch."""
+        return self._pipeline.host_share()
+
+    def wait_published(self) -> None:
+        """Fenced publishing: block until the frames the last step returned are written."""
+        self._check_open()
+        try:
+            self._pipeline.published()
+        except BaseException:
+            self._pipeline.fail()
+            raise
 
     def close(self) -> None:
         """Wait for every lane and refuse further calls. Sessions are not detached."""

@@ -3,8 +3,9 @@
 A lane is where a stage's work runs. One step body drives every kind of lanes
 through the small interface of :class:`Lanes`: ``run`` a stage on a lane,
 ``mark`` a point on a lane and make another lane ``wait`` for it,
-``submit_encode`` for asynchronous encodes, ``publish`` to make DEFERRED output
-visible to the host, and ``drain`` before any failure propagates. The kinds
+``submit_encode`` for asynchronous encodes, ``publish`` (or ``host_wait`` on a
+DEFERRED marker) to make DEFERRED output visible to the host, and ``drain``
+before any failure propagates. The kinds
 are :class:`~rte.lanes.cpu.CpuLanes` (inline, ENCODE on a worker thread) and
 :class:`~rte.lanes.cuda.CudaLanes` (a stream per lane, over a backend of
 streams and events: torch's, :mod:`rte.lanes.torch`, or the simulated device,
@@ -79,6 +80,13 @@ class Lanes:
 
     def publish(self) -> None:
         """Block until DEFERRED output written so far is visible to the host."""
+
+    def host_wait(self, marker: object) -> None:
+        """Block until the work before ``marker`` is done (no-op on the CPU: it is)."""
+
+    def handed_out(self, batches: list[Any]) -> None:
+        """The host hands out ``batches``' frames now. The simulated device checks
+        that the DEFERRED work writing them was waited for; elsewhere a no-op."""
 
     def submit_encode(self, fn: Callable[[Any], object], arg: Any) -> Completion:
         raise NotImplementedError

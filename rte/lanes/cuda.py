@@ -46,6 +46,8 @@ class StreamBackend(Protocol):
 
     def output_allocator(self, manifest: Any) -> Any: ...
 
+    def handed_out(self, batches: list[Any]) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -104,6 +106,13 @@ class CudaLanes(Lanes):
 
     def publish(self) -> None:
         self.backend.host_wait(self.mark(Lane.DEFERRED))
+
+    def host_wait(self, marker: object) -> None:
+        if marker is not None:
+            self.backend.host_wait(marker)
+
+    def handed_out(self, batches: list[Any]) -> None:
+        self.backend.handed_out(batches)
 
     def output_allocator(self, manifest: Any) -> Any:
         return self.backend.output_allocator(manifest)

@@ -21,7 +21,14 @@ with what the launching thread has seen complete through ``host_wait``,
 * a HOT batch's ``carry`` is written by HOT; every later read of it, by
   DEFERRED or by host code, must be ordered after that HOT work (an event wait,
   or a host wait on something that followed it), or the read raises
-  :class:`HazardError`.
+  :class:`HazardError`;
+* a batch's frames are written by DEFERRED; when the engine hands them out
+  (``handed_out``) the host must have waited for that DEFERRED work, or the
+  hand-out raises :class:`HazardError`: no frame is published before it is
+  written.
+
+``order`` logs every launch and host wait, with the stream time each reaches,
+so a test can check what the host issued before it waited.
 
 A stage that raises :class:`DeviceFault` breaks the device: that launch and
 every later call raise :class:`SimCudaError`, as CUDA does after an illegal
@@ -72,6 +79,8 @@ class SimStream:
 @dataclass(eq=False, frozen=True)
 class SimEvent:
     clock: Clock
+    lane: str = ""  # the stream it was recorded on, and that stream's time then
+    time: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,8 @@ class SimCuda:
         self.launches = 0
         self.host_waits = 0  # times the host blocked on the device (an event or a stream)
         self.fault: SimCudaError | None = None
+        self.order: list[tuple[str, str, int]] = []  # ("launch"|"host_wait", lane, time)
+        self._written: dict[int, tuple[Any, _Touch]] = {}  # id(batch): its last DEFERRED
         self.default = self._new("default")
 
     # -- the backend interface -----------------------------------------------
@@ -116,8 +127,12 @@ class SimCuda:
             clock[stream.id] = clock.get(stream.id, 0) + 1
             stream.clock = clock
             self.launches += 1
+            self.order.append(("launch", stream.lane, clock[stream.id]))
         touch = _Touch(stream.id, clock[stream.id], stream.lane)
         self._check_rows(touch, clock, arg)
+        if stream.lane == "deferred" and hasattr(arg, "out"):  # it writes the batch's frames
+            with self._lock:
+                self._written[id(arg)] = (arg, touch)
         outer = getattr(self._local, "op", None)
         self._local.op = clock  # what a carry read inside the stage is ordered after
         try:
@@ -134,7 +149,7 @@ class SimCuda:
     def record(self, stream: SimStream) -> SimEvent:
         self._check()
         with self._lock:
-            return SimEvent(dict(stream.clock))
+            return SimEvent(dict(stream.clock), stream.lane, stream.clock.get(stream.id, 0))
 
     def wait(self, stream: SimStream, event: SimEvent) -> None:
         self._check()
@@ -147,7 +162,20 @@ class SimCuda:
 
     def host_wait(self, event: SimEvent) -> None:
         self.host_waits += 1
+        with self._lock:
+            self.order.append(("host_wait", event.lane, event.time))
         self._see(event)
+
+    def handed_out(self, batches: list[Any]) -> None:
+        """The host hands out these batches' frames: their DEFERRED work must be seen done."""
+        for batch in batches:
+            with self._lock:
+                _, writer = self._written.pop(id(batch), (None, None))
+            if writer is not None and not _ordered(writer, self._seen()):
+                _hazard(
+                    "a batch's frames were handed out before the deferred work that "
+                    "writes them was waited for (publish before its event)"
+                )
 
     def synchronize(self, stream: SimStream) -> None:
         self.host_wait(self.record(stream))
