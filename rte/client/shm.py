@@ -54,15 +54,21 @@ TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleepi
 class SlotLease:
     """A batch's hold on its slab slots, and which sessions (handle, binding) it credits."""
 
-    __slots__ = ("handles", "sample", "tokens", "transport")
+    __slots__ = ("bindings", "handles", "sample", "tokens", "transport")
 
     def __init__(
-        self, transport: ShmTransport, sample: BatchSample, handles: list[int], tokens: list[int]
+        self,
+        transport: ShmTransport,
+        sample: BatchSample,
+        handles: list[int],
+        tokens: list[int],
+        bindings: int,
     ) -> None:
         self.transport = transport  # the one that gives the slots back
         self.sample = sample
         self.handles = handles
         self.tokens = tokens
+        self.bindings = bindings  # the transport's binding changes when it was made
 
 
 class ShmTransport(Transport):
@@ -99,6 +105,7 @@ class ShmTransport(Transport):
         self._names: list[str | None] = [None] * sessions  # by handle, as ATTACHED said
         self._handle_of: dict[str, int] = {}
         self._tokens = [0] * sessions  # bindings of each handle so far
+        self._bindings = 0  # changes of any handle's binding so far (see give_back)
 
     @property
     def index(self) -> int:
@@ -194,7 +201,8 @@ class ShmTransport(Transport):
             self.slot.index, step.slots, step.generations, self._dtype, self._shape
         )
         self._block.histogram.add(taken - step.pushed_ns)
-        lease = SlotLease(self, sample, handles, list(map(self._tokens.__getitem__, handles)))
+        tokens = list(map(self._tokens.__getitem__, handles))
+        lease = SlotLease(self, sample, handles, tokens, self._bindings)
         latents = sample.block if sample.block is not None else sample.rows
         return ChunkBatch(
             cast(list[str], sessions),  # no None left: checked above
@@ -218,6 +226,7 @@ class ShmTransport(Transport):
         self._names[handle] = session
         self._handle_of[session] = handle
         self._tokens[handle] += 1
+        self._bindings += 1
         self._attached += 1
 
     def _unbind(self, session: str) -> None:
@@ -225,6 +234,7 @@ class ShmTransport(Transport):
         if handle is not None and self._names[handle] == session:
             self._names[handle] = None
             self._tokens[handle] += 1  # its chunks released from now on credit nobody
+            self._bindings += 1
             self._attached -= 1
 
     def give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
@@ -237,11 +247,16 @@ class ShmTransport(Transport):
                 lease.sample.release_rows(rows)
         except (StaleSlot, ForeignSlot):
             return  # not ours any more (reclaimed): nothing to give back or credit
-        tokens, tally = self._tokens, self._block.tally
-        for row in range(len(rows)) if whole else rows.tolist():
-            handle = lease.handles[row]
-            if tokens[handle] == lease.tokens[row]:  # not reset or detached since
+        tally, handles = self._block.tally, lease.handles
+        if lease.bindings == self._bindings:  # no binding changed since: every row credits
+            for handle in handles if whole else map(handles.__getitem__, rows.tolist()):
                 tally[handle] += 1
+        else:
+            tokens = self._tokens
+            for row in range(len(rows)) if whole else rows.tolist():
+                handle = handles[row]
+                if tokens[handle] == lease.tokens[row]:  # not reset or detached since
+                    tally[handle] += 1
         if self._block.feed():  # the daemon sleeps for want of our credits
             self.slot.bell.ring()
 
