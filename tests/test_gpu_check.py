@@ -64,8 +64,10 @@ def test_every_section_runs_and_reports_on_the_simulated_lanes(tmp_path: Path) -
     assert sections["solo_vs_batched"]["worst"] == 0  # bit-identical on the CPU
     assert sections["world"]["worst"] <= gpu_verdicts.WORLD_LEVELS
     rates = sections["rates"]["rows"]
-    assert [r["sessions"] for r in rates] == [1, 8, 64, 1, 8, 64]
+    assert [r["sessions"] for r in rates] == [1, 8, 64] * 3
+    assert [r["publish"] for r in rates] == ["wait"] * 6 + ["fenced"] * 3
     assert all(r["chunks_per_s"] > 0 and r["step_p99_ms"] >= r["step_p50_ms"] for r in rates)
+    assert all(r["t_host_steps"] > 0 and r["t_host_ms"] >= 0 for r in rates)  # kept by the engine
 
 
 def test_isolated_sections_each_run_in_a_process_of_their_own_and_report(
@@ -148,10 +150,13 @@ def test_overlap_fails_a_step_slower_than_the_slower_lane_or_without_graphs() ->
     assert not gpu_verdicts.overlap({"rows": []})["ok"]
 
 
-def test_rates_fail_a_graph_failure_and_a_step_without_chunks() -> None:
+def test_rates_fail_a_graph_failure_a_step_without_chunks_and_no_t_host() -> None:
     row = {"sessions": 8, "asked_graphs": True, "graphs": True, "graph_failure": None}
     row |= {"chunks_per_s": 100.0, "step_p50_ms": 1.0, "step_p99_ms": 2.0}
+    row |= {"publish": "fenced", "t_host_ms": 0.05, "t_host_steps": 40}
     assert gpu_verdicts.rates({"rows": [dict(row)]})["ok"]
+    untimed = gpu_verdicts.rates({"rows": [row | {"t_host_steps": 0}]})
+    assert not untimed["ok"] and "fenced: the engine kept no t_host" in untimed["failed"][0]
     failed = row | {"graphs": False, "graph_failure": "RuntimeError: capture failed"}
     assert not gpu_verdicts.rates({"rows": [failed]})["ok"]
     assert not gpu_verdicts.rates({"rows": [row | {"chunks_per_s": 0.0}]})["ok"]

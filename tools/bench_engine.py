@@ -13,7 +13,10 @@ taken per window (engine and floor of the same window); ``step_x_1_session``
 is the ratio of the medians. ``realtime_us``: what a paced host's real-time
 bookkeeping (pacer, cost model, overload governor, receipts) adds to a turn of
 the serve loop over the same loop unpaced, and ``realtime_pct_of_step`` that
-as a share of the engine's step.
+as a share of the engine's step. ``t_host_us``: the engine's own figure of
+the host's share of a step (:meth:`ComposedEngine.host_share`, from a step's
+publish to the next step's HOT launch) in the paced serve loop: what a device
+would idle through per step unless the engine publishes fenced.
 
     python -m tools.bench_engine [--sessions 1 8 64] [--steps 2000] [--windows 5]
     python -m tools.bench_engine --json     # for scripts
@@ -46,7 +49,7 @@ from tools.report import (
 
 COLUMNS = ["sessions", "step_p50_us", "step_p99_us", "per_session_us", "step_x_1_session"]
 COLUMNS += ["floor_p50_us", "overhead_x_floor", "metrics_us", "metrics_pct_of_step"]
-COLUMNS += ["realtime_us", "realtime_pct_of_step"]
+COLUMNS += ["realtime_us", "realtime_pct_of_step", "t_host_us"]
 TABLES: list[TableSpec] = [
     ("ComposedEngine.step overhead (NullModel, pipelined, CPU lanes)", "rows", {}, COLUMNS)
 ]
@@ -81,11 +84,12 @@ def _floor_step_ns(sessions: int, steps: int) -> list[int]:
     return samples
 
 
-def _serve_ns(sessions: int, steps: int, pace_hz: float) -> list[int]:
+def _serve_ns(sessions: int, steps: int, pace_hz: float) -> tuple[list[int], float]:
     """A :class:`rte.serve.ServeLoop` turn over the same engine: unpaced, its step
     alone (admission by rows: no real-time bookkeeping); paced, the turn a paced
     host makes (begin, step, end: the pacer's lateness, the cost model, the
-    governor's filter and verdict, receipts for a session that acted)."""
+    governor's filter and verdict, receipts for a session that acted). Also the
+    engine's t_host over the run (µs a step)."""
     engine = ComposedEngine(NullModel(max(sessions, 1)), lanes="cpu")
     loop = ServeLoop(engine, pace_hz=pace_hz, admission="realtime" if pace_hz else "rows")
     names = [f"s{i}" for i in range(sessions)]
@@ -104,8 +108,9 @@ def _serve_ns(sessions: int, steps: int, pace_hz: float) -> list[int]:
             loop.step(names)
         if k >= 50:
             samples.append(time.perf_counter_ns() - t0)
+    t_host_us = engine.host_share().mean_ms * 1e3
     engine.close()
-    return samples
+    return samples, t_host_us
 
 
 def _metrics_ns(steps: int) -> list[int]:
@@ -128,9 +133,11 @@ def _window(sessions: int, steps: int) -> dict[str, float]:
     engine = percentiles_us(_engine_step_ns(sessions, steps))
     floor = percentiles_us(_floor_step_ns(sessions, steps))
     metrics = percentiles_us(_metrics_ns(steps))
-    plain = percentiles_us(_serve_ns(sessions, steps, 0.0))["p50_us"]
-    paced = percentiles_us(_serve_ns(sessions, steps, 30.0))["p50_us"]
+    plain = percentiles_us(_serve_ns(sessions, steps, 0.0)[0])["p50_us"]
+    paced_ns, t_host_us = _serve_ns(sessions, steps, 30.0)
+    paced = percentiles_us(paced_ns)["p50_us"]
     return {
+        "t_host_us": t_host_us,
         "realtime_us": paced - plain,
         "realtime_pct_of_step": 100 * (paced - plain) / max(engine["p50_us"], 1e-3),
         "metrics_us": metrics["p50_us"],

@@ -20,8 +20,10 @@ GPU goals (:mod:`tools.gpu_verdicts`, where the verdicts are drawn):
 6. ``overlap``: at 8 and 64 sessions, graphs on, a step <= 1.1 x max(HOT
    alone, DEFERRED alone) (each alone: the same engine with the other lane's
    work removed); the profiler's per-stream overlap as a figure;
-7. ``rates``: step p50/p99, the host's share (t_host) and chunks/s at 1, 8, 64
-   sessions, graphs off and on; a graph that failed fails it;
+7. ``rates``: step p50/p99, the host's share (t_host, the engine's own figure)
+   and chunks/s at 1, 8, 64 sessions, graphs off and on, and graphs on with
+   fenced publishing (t_host off the critical path); a graph that failed, or a
+   t_host the engine did not keep, fails it;
 8. ``world``: the learned world in torch on CUDA within 1 level of NumPy's, and
    the larger (untrained) configuration's step times;
 9. ``suite``: the gpu-marked tests, then the rest, bounded by what is left.
@@ -74,14 +76,16 @@ class Check:
         self.cuda = not simulate
         self.budget_s = budget_s  # what the section may take (the suite reads it)
 
-    def engine(self, sessions: int, *, graphs: bool | None = None, model: Any = None) -> Any:
+    def engine(
+        self, sessions: int, *, graphs: bool | None = None, model: Any = None, publish: str = "wait"
+    ) -> Any:
         """An engine over the world model (or ``model``) with ``sessions`` attached,
-        warmed up (its model is ``engine.model``)."""
+        warmed up (its model is ``engine.model``; ``publish`` its publishing)."""
         from rte import ComposedEngine  # noqa: PLC0415
         from rte.models.world import TorchWorldModel  # noqa: PLC0415
 
         model = model or TorchWorldModel(sessions, device=self.device, graphs=graphs)
-        engine = ComposedEngine(model, lanes=self.lanes)  # on CUDA: pinned outputs
+        engine = ComposedEngine(model, lanes=self.lanes, publish=publish)  # pinned outputs
         engine.model = model  # type: ignore[attr-defined]
         for i in range(sessions):
             engine.attach(f"s{i}", {"prompt": f"world {i}"})

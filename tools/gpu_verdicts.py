@@ -86,19 +86,24 @@ def overlap(m: dict[str, Any]) -> dict[str, Any]:
 
 def rates(m: dict[str, Any]) -> dict[str, Any]:
     """``m["rows"]``: per session count and graphs asked for: graphs (used),
-    graph_failure, chunks_per_s, step_p50_ms, step_p99_ms."""
+    graph_failure, chunks_per_s, step_p50_ms, step_p99_ms, publish ("wait" or
+    "fenced"), t_host_ms and t_host_steps (the engine's host share, and how many
+    intervals it timed: none fails)."""
     failures = []
     rows = m.get("rows") or []
     if not rows:
         failures.append("no rate was measured")
     for row in rows:
         where = f"{row['sessions']} sessions, graphs {'on' if row['asked_graphs'] else 'off'}"
+        where += ", fenced" if row.get("publish") == "fenced" else ""
         if row["asked_graphs"] and not row["graphs"]:
             failures.append(f"{where}: graphs did not run ({row.get('graph_failure')})")
         if row.get("graph_failure"):
             failures.append(f"{where}: a graph failed: {row['graph_failure']}")
         if not row["chunks_per_s"] > 0:
             failures.append(f"{where}: no chunk came out")
+        if row.get("t_host_steps", 0) < 1:
+            failures.append(f"{where}: the engine kept no t_host (host's share of a step)")
     return report(m, failures)
 
 
