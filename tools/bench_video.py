@@ -51,7 +51,7 @@ import aiohttp
 import numpy as np
 import psutil
 
-from rte.protocol.names import DaemonNames
+from rte.launch import LaunchedDaemon
 from tools import report
 from tools.devtools import Browser
 
@@ -121,9 +121,14 @@ class Play:
     def __init__(self, transport: str, sessions: int) -> None:
         self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop)
         self.name = f"bench-video-{os.getpid()}-{transport}"
-        serve = [sys.executable, "-m", "rte", "serve", "--name", self.name, "--model", "world"]
-        serve += ["--pace-hz", "30", "--max-sessions", str(sessions), "--admission", "rows"]
-        self.daemon = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stderr=self.log)
+        serve = ["--model", "world", "--pace-hz", "30", "--max-sessions", str(sessions)]
+        self.daemon = LaunchedDaemon(self.name, [*serve, "--admission", "rows"])
+        try:
+            self.daemon.wait_ready(60)  # a daemon that cannot start says so now, in its words
+        except BaseException:
+            self.daemon.stop()
+            self.log.close()
+            raise
         command = [sys.executable, "-m", "rte", "play", "--port", "0", "--transport", transport]
         command += ["--name", self.name, "--wait", "60"]
         self.process = subprocess.Popen(
@@ -137,20 +142,19 @@ class Play:
         self.url, self.ps = found.group(1), psutil.Process(self.process.pid)
 
     def stop(self) -> None:
-        for process in (self.process, self.daemon):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self.daemon.stop()  # SIGTERM, then SIGKILL after its grace; its leftovers removed
         if self.process.stdout is not None:
             self.process.stdout.close()
         self.log.seek(0)
-        self.said = self.log.read()[-2000:]
+        self.said = self.log.read()[-2000:] + self.daemon.last_words()
         self.log.close()
-        DaemonNames(self.name).remove_leftovers()
 
 
 def _line(process: subprocess.Popen[bytes], timeout: float) -> str:
