@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING
 
 from rte.errors import ConfigurationError
+from rte.protocol import inputs as input_slab
 from rte.protocol.control import Layout
 from shm import Slab
 from shm.names import SHM_DIR
@@ -38,7 +39,7 @@ def segment_bytes(settings: Settings, chunk_bytes: int) -> dict[str, int]:
     share = settings.input_slab_slots // n
     if share:  # each client's share in a segment of its own
         slot_bytes = settings.input_slot_kib * 1024
-        sizes["inputs"] = n * (HEADER_SIZE + Slab.footprint(HEADER_SIZE, share, slot_bytes, 1))
+        sizes["inputs"] = n * input_slab.segment_bytes(share, slot_bytes)
     return sizes
 
 

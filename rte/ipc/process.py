@@ -264,9 +264,7 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
             Mailbox.create(_owned(stack, mine), settings.ring_capacity, manifest.max_sessions)
         )
     control = Control.initialise(segment, layout, manifest, claims, mailboxes)
-    slab_bytes = HEADER_SIZE + Slab.footprint(
-        HEADER_SIZE, settings.slab_slot_count, manifest.latent_nbytes, n
-    )
+    slab_bytes = settings.segment_bytes(manifest.latent_nbytes)["slab"]  # as check_memory asked
     slab_segment = _owned(stack, Segment.create(names.slab, slab_bytes, kind=KIND_SLAB))
     slab = Slab.create(
         slab_segment,
