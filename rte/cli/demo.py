@@ -52,7 +52,6 @@ def add_parser(sub: Any) -> None:
         description="Launch a daemon, stream sessions from a client process, show rates.",
     )
     add_daemon_choice(p, DEFAULT_MODEL)
-    p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(
         "--sessions", type=int, default=4, help="sessions to stream, at least 1 (default 4)"
     )

@@ -1,8 +1,8 @@
 """Options several commands share: which daemon to use, or which model to launch.
 
 ``rte demo`` and ``rte play`` either attach to a running daemon (``--name``,
-waiting ``--wait`` seconds for it) or launch one of ``--model``; the three
-options are written once here so that both say the same.
+waiting ``--wait`` seconds for it) or launch one of ``--model`` on ``--device``;
+these options are written once here so that both say the same.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rte.models import model_choices
 
 
 def add_daemon_choice(p: argparse.ArgumentParser, default_model: str) -> None:
-    """``--name``, ``--wait`` and ``--model``, on ``p``."""
+    """``--name``, ``--wait``, ``--model`` and ``--device``, on ``p``."""
     p.add_argument("--name", help="attach to this running daemon instead of launching one")
     p.add_argument(
         "--wait",
@@ -29,3 +29,4 @@ def add_daemon_choice(p: argparse.ArgumentParser, default_model: str) -> None:
         help=f"a launched daemon's model: short name or module:factory (default "
         f"{default_model}); {model_choices()}",
     )
+    p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")

@@ -31,7 +31,6 @@ def add_parser(sub: Any) -> None:
         "move, a text box sets the prompt, a button resets. Needs rte[play] (aiohttp).",
     )
     add_daemon_choice(p, DEFAULT_MODEL)
-    p.add_argument("--device", help="where a launched daemon's model computes: cpu, cuda:N")
     p.add_argument(
         "--port",
         type=int,
