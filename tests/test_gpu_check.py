@@ -256,3 +256,20 @@ def test_the_prepared_wheel_folder_is_complete_when_present() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout
+
+
+def test_encode_fails_a_bystander_touched_a_lost_chunk_and_an_encode_that_did_not_run() -> None:
+    bystanders = {"worst": 0, "shared": 30, "lost": 0}
+    changed = bystanders | {"encoded": True, "chunks_after": 7, "frames_changed": True}
+    good = {"changed": changed, "failing": bystanders | {"session_failed": True}}
+    assert gpu_verdicts.encode(good)["ok"]
+    for broken, says in [
+        ({"changed": changed | {"worst": 1}}, "differ by 1 levels"),
+        ({"failing": good["failing"] | {"lost": 2}}, "bystanders lost 2 chunks"),
+        ({"changed": changed | {"encoded": False}}, "never went through ENCODE"),
+        ({"changed": changed | {"frames_changed": False}}, "did not go on with its new"),
+        ({"failing": good["failing"] | {"session_failed": False}}, "was not FAILED"),
+        ({"changed": changed | {"shared": 0}}, "no bystander frame"),
+    ]:
+        verdict = gpu_verdicts.encode(good | broken)
+        assert not verdict["ok"] and any(says in f for f in verdict["failed"]), verdict

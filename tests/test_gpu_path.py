@@ -270,3 +270,16 @@ def test_lanes_of_many_engines_never_share_a_stream() -> None:
     assert len(streams) == 36
     for lane in lanes:
         lane.close()
+
+
+@pytest.mark.gpu
+@cuda
+def test_encode_on_real_streams_a_prompt_changed_mid_run_and_an_encode_that_fails() -> None:
+    """Issue 26 defect 10: ENCODE was never exercised on real streams. gpu_check's
+    encode section: the changed row rejoins with its prompt, a failing encode fails
+    its session alone, the bystanders equal to 0 levels and lose no chunk."""
+    from tools.gpu_check import Check  # noqa: PLC0415
+    from tools.gpu_sections import encode  # noqa: PLC0415
+
+    report = encode(Check(torch, simulate=False))
+    assert report["ok"], report

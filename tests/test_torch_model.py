@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -255,24 +256,44 @@ def test_gpu_matches_cpu_within_tolerance() -> None:
 @pytest.mark.gpu
 @cuda
 def test_device_to_slab_copy_is_asynchronous_to_the_hot_stream() -> None:
-    """A big device-to-pinned-host copy queued on one stream does not hold back
-    work queued after it on another."""
-    host = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()
-    device = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    deferred, hot = torch.cuda.Stream(), torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(deferred):
-        host.copy_(device, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(deferred)
-    with torch.cuda.stream(hot):
-        x = torch.ones(1024, device="cuda") * 2
-        done = torch.cuda.Event()
-        done.record(hot)
-    done.synchronize()
-    assert not copied.query()  # HOT finished while the copy was still running
-    copied.synchronize()
-    assert float(x.sum()) == 2048.0
+    """A big device-to-slab copy queued on DEFERRED does not hold back HOT work
+    queued after it (issue 26 defect 10: the copy went into ``pin_memory()``, not a
+    registered slab, and HOT allocated during it: an implicit synchronization).
+    The slab is page-locked through shm/cuda.py (``Slab.pin``); every tensor,
+    stream and event is made before the copy, and HOT works in place."""
+    from shm import Segment, Slab, shm_name  # noqa: PLC0415
+    from shm.segment import HEADER_SIZE  # noqa: PLC0415
+
+    size = 256 << 20
+    name = shm_name(f"copyoverlap{uuid.uuid4().hex[:8]}", "slab")
+    segment = Segment.create(name, HEADER_SIZE + Slab.footprint(HEADER_SIZE, 1, size, 1))
+    try:
+        slab = Slab.create(segment, HEADER_SIZE, slots=1, slot_bytes=size, max_owners=1)
+        assert slab.pin()  # cudaHostRegister through shm/cuda.py
+        try:
+            with slab.loan(0, np.uint8, (size,)) as loan:  # never published: aborted
+                host = torch.from_numpy(loan.array)
+                assert host.is_pinned()
+                device = torch.empty(size, dtype=torch.uint8, device="cuda")
+                x = torch.ones(1024, device="cuda")
+                deferred, hot = torch.cuda.Stream(), torch.cuda.Stream()
+                copied, done = torch.cuda.Event(), torch.cuda.Event()
+                torch.cuda.synchronize()
+                with torch.cuda.stream(deferred):
+                    host.copy_(device, non_blocking=True)
+                    copied.record(deferred)
+                with torch.cuda.stream(hot):
+                    x.mul_(2)  # in place: no allocation on HOT during the copy
+                    done.record(hot)
+                done.synchronize()
+                assert not copied.query()  # HOT finished while the copy was still running
+                copied.synchronize()
+                assert float(x.sum()) == 2048.0
+        finally:
+            slab.unpin()
+    finally:
+        segment.close()
+        segment.unlink()
 
 
 @pytest.mark.gpu

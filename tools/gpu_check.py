@@ -17,6 +17,9 @@ GPU goals (:mod:`tools.gpu_verdicts`, where the verdicts are drawn):
    device-to-host copy Device -> Pinned;
 4. ``solo_vs_batched``: three moving sessions alone and in a batch of 8: 0 levels;
 5. ``stretched``: each lane slowed by ``torch.cuda._sleep``: frames identical;
+6. ``encode``: ENCODE on the streams: a prompt changed mid-run (the row sits
+   out and rejoins with it) and an encode that fails (that session FAILED):
+   the bystanders' frames equal to 0 levels, no chunk of theirs lost;
 6. ``overlap``: at 8 and 64 sessions, graphs on, a step <= 1.1 x max(HOT
    alone, DEFERRED alone) (each alone: the same engine with the other lane's
    work removed); the profiler's per-stream overlap as a figure;
@@ -55,12 +58,12 @@ import numpy as np
 
 SHM = "/dev/shm"
 ORDER = [
-    *("pinned_copy", "daemon", "sync_free", "solo_vs_batched", "stretched"),
+    *("pinned_copy", "daemon", "sync_free", "solo_vs_batched", "stretched", "encode"),
     *("overlap", "rates", "world", "suite"),
 ]
 TIMEOUT_S = {
     **{"pinned_copy": 45, "daemon": 100, "sync_free": 75, "solo_vs_batched": 60},
-    **{"stretched": 60, "overlap": 60, "rates": 60, "world": 60, "suite": 300},
+    **{"stretched": 60, "encode": 60, "overlap": 60, "rates": 60, "world": 60, "suite": 300},
 }
 LEAST_SUITE_S = 30  # the suite starts only with this much budget left
 

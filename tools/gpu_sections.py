@@ -209,3 +209,70 @@ def solo_vs_batched(check: Check) -> dict[str, Any]:
     return verdict.compared(
         {"worst": worst, "frames": shared}, verdict.SAME_DEVICE_LEVELS, "solo vs batched"
     )
+
+
+FAILING_PROMPT = "a prompt whose encode fails (gpu_check)"
+
+
+def encode(check: Check) -> dict[str, Any]:
+    """ENCODE on the check's streams: a prompt changed mid-run (the row sits out,
+    rejoins with the new prompt, the bystanders' frames untouched), and an encode
+    that fails (that session FAILED alone, the bystanders lose no chunk)."""
+    from rte.models.world import TorchWorldModel  # noqa: PLC0415
+
+    class FailingEncode(TorchWorldModel):
+        def _encode_prompt(self, batch: Any) -> None:
+            if any(c.get("prompt") == FAILING_PROMPT for c in batch.conditioning):
+                raise RuntimeError("this prompt's encode fails (gpu_check's encode section)")
+            super()._encode_prompt(batch)
+
+    def run(change: str | None) -> tuple[dict[tuple[str, int], Any], dict[str, list[str]]]:
+        from rte import Action, ComposedEngine  # noqa: PLC0415
+
+        model = FailingEncode(8, device=check.device)
+        engine = ComposedEngine(model, lanes=check.lanes)
+        names = ["a", "b", "c"]
+        for name in names:
+            engine.attach(name, {"prompt": f"world {name}"})
+        frames: dict[tuple[str, int], Any] = {}
+        kinds: dict[str, list[str]] = {name: [] for name in names}
+        try:
+            for i in range(16):
+                actions = {"b": Action({"prompt": change})} if change and i == 4 else {}
+                for r in engine.step(list(names), actions):
+                    kinds[r.session].append(r.kind.value)
+                    if r.latent is not None:
+                        frames[r.session, r.chunk] = r.latent.copy()
+                    elif r.kind.value == "failed":
+                        engine.detach(r.session)
+                        names.remove(r.session)
+        finally:
+            engine.close()
+        kinds["encoded"] = [prompt for _, prompt in model.encodes]
+        return frames, kinds
+
+    base, _ = run(None)
+    changed, changed_kinds = run("a prompt changed mid-run")
+    failed, failed_kinds = run(FAILING_PROMPT)
+
+    def bystanders(frames: dict[tuple[str, int], Any]) -> dict[str, Any]:
+        mine = {k: v for k, v in frames.items() if k[0] != "b"}
+        ours = {k: v for k, v in base.items() if k[0] != "b"}
+        worst, shared = worst_difference(mine, ours)
+        return {"worst": worst, "shared": shared, "lost": len(set(ours) - set(mine))}
+
+    after = [k for k in changed if k[0] == "b" and k[1] > 4]  # b's chunks made after it
+    differs = any(
+        not np.array_equal(changed[k], base[k]) for k in after if k in base and k in changed
+    )
+    measured = {
+        "changed": {
+            **bystanders(changed),
+            "encoded": "a prompt changed mid-run" in changed_kinds["encoded"],
+            "encoding_seen": "encoding" in changed_kinds["b"],  # a figure: it may be quick
+            "chunks_after": len(after),
+            "frames_changed": differs,
+        },
+        "failing": {**bystanders(failed), "session_failed": "failed" in failed_kinds["b"]},
+    }
+    return verdict.encode(measured)

@@ -183,3 +183,28 @@ def suite(m: dict[str, Any]) -> dict[str, Any]:
     if rest is not None and rest.get("failed"):
         failures.append(f"failed before the budget ended the suite: {rest['failed'][:5]}")
     return report(m, failures)
+
+
+def encode(m: dict[str, Any]) -> dict[str, Any]:
+    """``m["changed"]``: a prompt changed mid-run: bystanders' ``worst`` (levels
+    against the run without the change), ``shared`` and ``lost`` frames,
+    ``encoded`` (the new prompt went through ENCODE), ``chunks_after`` the
+    change, ``frames_changed``.
+    ``m["failing"]``: an encode that fails: the bystanders' figures and
+    ``session_failed``. Bystanders must match to 0 levels and lose nothing."""
+    failures = []
+    changed, failing = m.get("changed") or {}, m.get("failing") or {}
+    for what, run in (("a prompt change", changed), ("a failing encode", failing)):
+        if not run.get("shared"):
+            failures.append(f"{what}: no bystander frame to compare")
+        if run.get("worst", 1) != 0:
+            failures.append(f"{what}: bystanders' frames differ by {run.get('worst')} levels")
+        if run.get("lost", 1):
+            failures.append(f"{what}: bystanders lost {run.get('lost')} chunks")
+    if not changed.get("encoded"):
+        failures.append("a prompt change: the new prompt never went through ENCODE")
+    if changed.get("chunks_after", 0) < 3 or not changed.get("frames_changed"):
+        failures.append("a prompt change: the session did not go on with its new prompt")
+    if not failing.get("session_failed"):
+        failures.append("a failing encode: its session was not FAILED")
+    return report(m, failures)
