@@ -165,6 +165,17 @@ class Parking:
             return due
         return [s for s in due if not self.asked(s)]
 
+    def take_due(self, due: list[str], out: list[Any]) -> list[str]:
+        """Of ``due``, those that step now: not the suspended, and the idle-parked
+        resumed (RESUMED into ``out``; one with no row free yet stays parked, not
+        due), each noted as due now."""
+        due = self.runnable(due)
+        for session in [s for s in due if s in self.parked]:  # idle-parked, due again
+            if not self.bring_back(session, 0, out, quiet=True):
+                due.remove(session)  # no row yet: it stays parked
+        self.seen_due(due, time.monotonic())
+        return due
+
     def seen_due(self, due: list[str], now: float) -> None:
         """Note that ``due`` were due now (not idle)."""
         if self.idle_s:

@@ -19,7 +19,10 @@ Real time lives in the loop, so every host admits, ranks and paces alike: a
 host brackets each turn with ``begin_turn``/``end_turn`` (the cost model of
 :mod:`rte.realtime`); a paced loop refuses an attach past its real-time
 capacity and filters the due list through the overload governor
-(:mod:`rte.overload`); each chunk carries its receipt (:mod:`rte.receipts`).
+(:mod:`rte.overload`; the turn's clock, cost model and governor are
+:class:`rte.turns.Turns`); each chunk carries its receipt (:mod:`rte.receipts`)
+of the actions that arrived since its session's last step
+(:class:`rte.pending.PendingActions`).
 
 :class:`ServeLoop` does steps 2 to 4 and returns what happened as values (a
 list of :class:`~rte.contract.StepResult` and :class:`~rte.contract.Notice`;
@@ -41,17 +44,18 @@ streams are per-thread): ``threading.Thread(target=default_serve, ...)``.
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
 from rte.errors import AdmissionError, EngineFault, RequestError, UnknownSessionError
-from rte.overload import DEFAULT_PRIORITY, Governor, check_priority
+from rte.overload import DEFAULT_PRIORITY, check_priority
 from rte.parking import DEFAULT_PARK_BYTES, Parking
+from rte.pending import PendingActions
 from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Stop, Suspend, Wake
-from rte.realtime import DEFAULT_MARGIN, Pacer, RealTime
+from rte.realtime import DEFAULT_MARGIN
 from rte.receipts import Receipts
+from rte.turns import Turns
 
 # what a loop's calls return: chunks (each a StepResult, or a host's own form of
 # an engine call's chunks: see ``emit``) and notices
@@ -161,10 +165,8 @@ class ServeLoop:
         margin: the share of the period a turn's predicted cost must leave free.
         stamp: whether results carry ``applied`` (the daemon reads :attr:`receipts`).
         emit: what stands for an engine call's chunks in what the loop returns, made
-            from that call's results (default: the CHUNK results themselves; the
-            daemon's: the slab leases its allocator handed the call, which carry
-            their rows, so a chunk travels in one object from the engine to its
-            STEP record).
+            from that call's results (default: the CHUNK results; the daemon's: the
+            slab leases that hold them, a chunk's one object to its STEP record).
         park_bytes: the most bytes of parked sessions' states held (0: none parked).
         park_idle_s: park a session not due for this long (0: never by idleness).
     """
@@ -185,19 +187,13 @@ class ServeLoop:
         self.parking = Parking(engine, park_bytes, park_idle_s)
         self.emit = emit
         self.conditioning: dict[str, dict[str, Any]] = {}  # attached sessions, in order
-        self.actions: dict[str, dict[str, Any]] = {}
-        self.act_seqs: dict[str, int] = {}  # the last seq of each session's pending actions
+        self.pending = PendingActions()
         manifest = engine.manifest()
-        self.realtime = RealTime(pace_hz, manifest.max_sessions, admission, margin)
-        self.pacer = Pacer(pace_hz) if pace_hz else None
-        self.governor = Governor(pace_hz, self.realtime.budget_s, self._predict)
+        self.turns = Turns(pace_hz, manifest.max_sessions, admission, margin)
+        turns = self.turns  # its parts a host reads (the pace, the figures it publishes)
+        self.realtime, self.pacer, self.governor = turns.realtime, turns.pacer, turns.governor
         self.receipts = Receipts(manifest.pipelined)
         self.stamp = stamp
-        self.stepped = 0  # rows stepped in this turn
-        self.turn_s = 0.0  # how long the last turn took
-        self._due_rows = 0  # rows due in this turn before the governor's filter
-        self._began = time.monotonic()
-        self._news: list[OutboxItem] = []  # the governor's notices, out with the next step
 
     @property
     def sessions(self) -> list[str]:
@@ -207,30 +203,16 @@ class ServeLoop:
     # -- turns: what real time is measured by ------------------------------
 
     def begin_turn(self) -> None:
-        """A host's turn begins (a paced one's tick: the pacer notes its lateness)."""
-        self.stepped = self._due_rows = 0
-        if self.pacer is not None:
-            self.pacer.begin()
-            self._began = self.pacer.turn_began
-        else:
-            self._began = time.monotonic()
+        """A host's turn begins (:meth:`rte.turns.Turns.begin`)."""
+        self.turns.begin()
 
     def end_turn(self) -> None:
-        """The turn (drain, step, deliver) is over: its cost feeds the model and,
-        paced, the governor (whose notices go out with the next step)."""
-        seconds = self.turn_s = time.monotonic() - self._began
-        if self.stepped:
-            self.realtime.cost.add(self.stepped, seconds)
-        if self.pacer is not None and self._due_rows:
-            self._news += self.governor.observe(seconds, self.stepped)
+        """The turn (drain, step, deliver) is over (:meth:`rte.turns.Turns.end`)."""
+        self.turns.end()
 
     def capacity(self) -> int | None:
         """Sessions this loop's pace holds in real time (None: unpaced or not known yet)."""
-        return self.realtime.capacity()
-
-    def _predict(self, rows: int) -> float | None:
-        cost = self.realtime.cost
-        return cost.predict(rows) if cost.known else None
+        return self.turns.capacity()
 
     def handle(self, message: object) -> list[OutboxItem]:
         """Apply one request; the notices (and finalized chunks) it produced."""
@@ -269,29 +251,20 @@ class ServeLoop:
 
     def step(self, due: list[str] | None = None) -> list[OutboxItem]:
         """Step ``due`` (default: every attached session) with the actions that arrived."""
-        due = self.parking.runnable(self.sessions if due is None else due)
-        news, self._news = self._news, []
-        for session in [s for s in due if s in self.parking]:  # idle-parked, due again
-            if not self._resume(session, 0, news, quiet=True):
-                due.remove(session)  # no row yet: it stays parked
-        self.parking.seen_due(due, time.monotonic())
-        self._due_rows += len(due)
-        due = self.governor.pick(due)  # overload: reduced classes step every k-th tick
+        news: list[OutboxItem] = [*self.turns.news()]
+        due = self.parking.take_due(self.sessions if due is None else due, news)
+        due = self.turns.pick(due)  # overload: reduced classes step every k-th tick
         if not due:
             return news
         self.receipts.settle()
-        pending = self.actions
-        actions = seqs = None
-        if pending:
-            actions = {s: Action(pending.pop(s)) for s in due if s in pending}
-            seqs = {s: self.act_seqs.pop(s, 0) for s in actions}
+        actions, seqs = self.pending.take(due)
         try:
             results = self.engine.step(due, actions)
         except EngineFault:
             raise
         except Exception as exc:
             return [Notice("", NoticeKind.ERROR, f"step failed: {type(exc).__name__}: {exc}")]
-        self.stepped += len(due)
+        self.turns.stepped += len(due)
         if seqs:
             self.receipts.handed(results, seqs)
         return self._emitted(results) + news
@@ -342,10 +315,18 @@ class ServeLoop:
         out.append(Notice(session, NoticeKind.DETACHED, reason, seq))
         return out
 
+    def host_state(self, session: str) -> dict[str, Any]:
+        """What this loop keeps for an attached ``session`` beside its engine state
+        (its priority, the actions queued for its next step and their seq): the
+        ``host`` of a checkpointed :class:`~rte.state.SessionState`."""
+        self._require(session)
+        actions, seq = self.pending.of(session)
+        priority = self.governor.priority.get(session, DEFAULT_PRIORITY)
+        return {"priority": priority, "actions": actions, "act_seq": seq}
+
     def _forget(self, session: str) -> None:
         del self.conditioning[session]
-        self.actions.pop(session, None)
-        self.act_seqs.pop(session, None)
+        self.pending.forget(session)
         self.receipts.forget(session)
         self.governor.remove(session)
 
@@ -379,9 +360,8 @@ class ServeLoop:
             raise RequestError(f"session {session!r} is suspended: resume it before acting on it")
         if session not in self.parking or self._resume(session, 0, out, quiet=True):
             self._check(session, action.conditioning)  # (no row: checked at its step)
-        self.actions.setdefault(session, {}).update(action.conditioning)
+        self.pending.put(session, action.conditioning, seq)
         self.conditioning[session].update(action.conditioning)
-        self.act_seqs[session] = seq
 
     def _resume(self, session: str, seq: int, out: list[OutboxItem], quiet: bool = False) -> bool:
         if session not in self.parking:

@@ -30,6 +30,7 @@ from rte import (
     Wake,
     default_serve,
 )
+from rte.errors import UnknownSessionError
 from rte.models import ReferenceModel
 
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
@@ -170,4 +171,18 @@ def test_a_refused_reset_changes_nothing() -> None:
     assert loop.sessions == ["a"] and loop.conditioning["a"] == {"prompt": "p"}
     (chunk,) = loop.step()  # and it goes on where it was
     assert isinstance(chunk, StepResult) and chunk.chunk == 1
+    engine.close()
+
+
+def test_host_state_is_what_the_loop_keeps_beside_the_engine() -> None:
+    engine = ComposedEngine(ReferenceModel(1))
+    loop = ServeLoop(engine)
+    loop.handle(Attach("a", priority=2))
+    loop.handle(Act("a", Action({"move": (1, 0)}), seq=4))
+    loop.handle(Act("a", Action({"move": (0, 1)}), seq=5))  # merged: the later one wins
+    assert loop.host_state("a") == {"priority": 2, "actions": {"move": (0, 1)}, "act_seq": 5}
+    loop.step()  # its step takes them
+    assert loop.host_state("a") == {"priority": 2, "actions": {}, "act_seq": 0}
+    with pytest.raises(UnknownSessionError):
+        loop.host_state("b")
     engine.close()

@@ -6,7 +6,8 @@ has made K more chunks out of its engine and puts it straight back
 of a twin, :mod:`rte.suspension`), and writes the state's bytes
 (:meth:`~rte.state.SessionState.to_bytes`: a digest over its body) into the
 checkpoint segment. The serve loop's own values for the session (its priority,
-the actions queued for its next step and their seq) travel in ``state.host``.
+the actions queued for its next step and their seq: its
+:meth:`~rte.serve.ServeLoop.host_state`) travel in ``state.host``.
 
 The segment (``DaemonNames.checkpoint(generation)``: one per daemon of the
 name, the restarted one taking the next generation; 0600 and of this user like
@@ -28,9 +29,10 @@ daemon keeps a dead one's until every session in it is attached again here;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rte.errors import StateError
 from rte.protocol.names import DaemonNames
@@ -38,6 +40,9 @@ from rte.state import SessionState
 from shm import Segment, ShmError
 from shm.names import unlink_segment
 from shm.segment import HEADER_SIZE
+
+if TYPE_CHECKING:
+    from rte.serve import ServeLoop
 
 log = logging.getLogger("rte.daemon")
 KIND_CHECKPOINT = 0x52544537  # "RTE7"
@@ -70,7 +75,7 @@ class Checkpoints:
         """The bytes of one half of a slot (0: no checkpoint written yet)."""
         return self._slot_bytes
 
-    def after_step(self, loop: Any, stepped: list[str]) -> None:
+    def after_step(self, loop: ServeLoop, stepped: list[str]) -> None:
         """Count ``stepped``'s steps; checkpoint each that made ``every`` more."""
         attached = set(loop.sessions)
         if self._dead and self._untaken <= attached:
@@ -85,18 +90,13 @@ class Checkpoints:
             if n % self.every == 0 and session not in loop.parking:
                 self.write(loop, session)
 
-    def write(self, loop: Any, session: str) -> None:
+    def write(self, loop: ServeLoop, session: str) -> None:
         """Checkpoint ``session`` now (at a step boundary)."""
-        engine = loop.engine
+        engine: Any = loop.engine  # suspend/resume: past the Engine protocol
         state: SessionState = engine.suspend(session)
         engine.resume(session, state)  # back at the same boundary (a free row: its own)
-        host = {
-            "priority": loop.governor.priority.get(session, 0),
-            "actions": dict(loop.actions.get(session, {})),
-            "act_seq": loop.act_seqs.get(session, 0),
-        }
         try:
-            data = SessionState(**{**state.__dict__, "host": host}).to_bytes()
+            data = dataclasses.replace(state, host=loop.host_state(session)).to_bytes()
         except StateError as exc:
             log.warning("session %r not checkpointed: %s", session, exc)
             return
