@@ -20,16 +20,16 @@ GPU goals (:mod:`tools.gpu_verdicts`, where the verdicts are drawn):
 6. ``encode``: ENCODE on the streams: a prompt changed mid-run (the row sits
    out and rejoins with it) and an encode that fails (that session FAILED):
    the bystanders' frames equal to 0 levels, no chunk of theirs lost;
-6. ``overlap``: at 8 and 64 sessions, graphs on, a step <= 1.1 x max(HOT
+7. ``overlap``: at 8 and 64 sessions, graphs on, a step <= 1.1 x max(HOT
    alone, DEFERRED alone) (each alone: the same engine with the other lane's
    work removed); the profiler's per-stream overlap as a figure;
-7. ``rates``: step p50/p99, the host's share (t_host, the engine's own figure)
+8. ``rates``: step p50/p99, the host's share (t_host, the engine's own figure)
    and chunks/s at 1, 8, 64 sessions, graphs off and on, and graphs on with
    fenced publishing (t_host off the critical path); a graph that failed, or a
    t_host the engine did not keep, fails it;
-8. ``world``: the learned world in torch on CUDA within 1 level of NumPy's, and
+9. ``world``: the learned world in torch on CUDA within 1 level of NumPy's, and
    the larger (untrained) configuration's step times;
-9. ``suite``: the gpu-marked tests, then the rest, bounded by what is left.
+10. ``suite``: the gpu-marked tests, then the rest, bounded by what is left.
 
 ``--isolate`` runs each section in a process of its own with its own timeout
 (:data:`TIMEOUT_S`, and never past ``--budget``), so a hang or a sticky CUDA
