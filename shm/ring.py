@@ -38,7 +38,9 @@ from shm.segment import Segment
 from shm.waiting import (
     CHECK_EVERY_S,
     SPIN_SLICE_NS,
+    AdaptiveSpin,
     WaitPolicy,
+    WaitTally,
     pop_spin_ns,
     wait_any,
     wait_used,
@@ -103,6 +105,9 @@ class Ring:
         self._spin_ns = int(spin_us * 1000)
         # what pop spins before anything slower: per policy, bounded by its timeout
         self._pop_spin_ns = pop_spin_ns(self.policy, self._spin_ns)
+        self.tally = WaitTally()  # how the consumer here waited (process-local)
+        # spin-then-block spins as long as records recently took to come (>= spin_us)
+        self.spin = AdaptiveSpin(self._spin_ns)
         self._out: Any = None  # the consumer's copy-out buffer, made on first pop
         self._lens: Any = None
 
@@ -248,8 +253,13 @@ class Ring:
         policy: WaitPolicy | None = None,
     ) -> bool:
         """Wait by the ring's policy (or ``policy``) until a record is available;
-        False after ``timeout`` (see :func:`shm.waiting.wait_used`)."""
-        return wait_used(self, self.doorbell, timeout, check, policy or self.policy, self._spin_ns)
+        False after ``timeout`` (see :func:`shm.waiting.wait_used`); counted in
+        :attr:`tally`. ``spin-then-block`` spins as long as recent waits lasted
+        (:attr:`spin`, an :class:`~shm.waiting.AdaptiveSpin` of at least ``spin_us``)."""
+        policy = policy or self.policy
+        return wait_used(
+            self, self.doorbell, timeout, check, policy, self._spin_ns, self.tally, self.spin
+        )
 
     def used(self) -> int:
         """Bytes pushed and not yet popped (records, padding and wrap skips)."""
