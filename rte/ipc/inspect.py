@@ -8,6 +8,9 @@ leftovers. The functions return plain dicts (the ``--json`` output);
 :mod:`rte.cli.inspect` renders them. Delivery latency comes as histogram
 counts (:mod:`rte.protocol.latency`): the daemon's emitted-to-pushed, and each
 client's pushed-to-taken; :func:`delivery_us` turns them into percentiles.
+How often each side slept and was woken, per step (:func:`waking`), comes from
+the daemon's wait counters and the ring headers' ``wakeups`` (a post to a
+consumer announced asleep: each cost a wake-up).
 """
 
 from __future__ import annotations
@@ -98,6 +101,60 @@ def delivery_us(counts: list[int], before: list[int] | None = None) -> list[floa
     return latency.percentiles_us(now)
 
 
+def waking(snap: dict[str, Any], before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How each side slept and was woken, per step (of what happened since ``before``,
+    another snapshot, when given). ``daemon``: its idle waits, the sleeps among them
+    and the wake-ups a client's post gave it; ``clients``: per client slot, the
+    posts that woke it (its outbox's ``wakeups``: it slept for a record) and the
+    posts it made for requests (its inbox's), with the records it was sent. A
+    ``*_per_step`` figure is None before the first step."""
+    counters, old = snap["counters"], (before or {}).get("counters", {})
+    steps = counters.get("steps", 0) - old.get("steps", 0)
+    old_clients = {c["index"]: c for c in (before or {}).get("clients", [])}
+
+    def per(n: int, of: int) -> float | None:
+        return n / of if of > 0 else None
+
+    daemon = {
+        key: counters.get(counter, 0) - old.get(counter, 0)
+        for key, counter in (("waits", "idle_waits"), ("sleeps", "idle_sleeps"))
+    }
+    daemon["wakeups"] = counters.get("wakeups", 0) - old.get("wakeups", 0)
+    clients = []
+    for c in snap["clients"]:
+        rings, was = c["rings"], old_clients.get(c["index"], {}).get("rings", {})
+        if not rings:
+            continue
+        wakeups, records = (
+            _grew(rings, was, "outbox", "wakeups"),
+            _grew(rings, was, "outbox", "pushed"),
+        )
+        clients.append(
+            {
+                "index": c["index"],
+                "wakeups": wakeups,
+                "records": records,
+                "wakeups_per_record": per(wakeups, records),
+                "posts": _grew(rings, was, "inbox", "wakeups"),
+            }
+        )
+    return {
+        "steps": steps,
+        "daemon": daemon
+        | {
+            "sleeps_per_step": per(daemon["sleeps"], steps),
+            "wakeups_per_step": per(daemon["wakeups"], steps),
+        },
+        "clients": clients,
+        "client_wakeups_per_step": per(sum(c["wakeups"] for c in clients), steps),
+    }
+
+
+def _grew(rings: dict[str, Any], was: dict[str, Any], ring: str, field: str) -> int:
+    """How far a ring's counter moved since ``was`` (the rings of an older snapshot)."""
+    return int(rings[ring][field] - was.get(ring, {}).get(field, 0))
+
+
 def remove_leftovers(name: str) -> list[str]:
     """Unlink what a dead daemon ``name`` left; refuses (DaemonRunningError) a live one."""
     try:
@@ -154,7 +211,7 @@ def snapshot(name: str) -> dict[str, Any]:
                     "session_figures": board(entry.index) if active else [],
                 }
             )
-        return {
+        snap = {
             "name": name,
             "summary": summary(name),
             "manifest": asdict(control.manifest()),
@@ -169,6 +226,7 @@ def snapshot(name: str) -> dict[str, Any]:
             "step_sum_ns": _total(control.step_histogram),
             "taken_at": time.time(),
         }
+        return snap | {"waking": waking(snap)}
     finally:
         segment.close()
         for opened in (slab_segment, *inputs_segments.values()):

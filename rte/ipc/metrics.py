@@ -3,10 +3,12 @@
 ``rte inspect NAME --prometheus`` prints it; like everything ``rte inspect``
 shows, it is read from the daemon's segments without asking the daemon
 anything (:func:`rte.ipc.inspect.snapshot`), so a scraper never adds work to
-the serve loop. Counters are the daemon's own; gauges are its clients' rings,
-slots and sessions; the two histograms are the daemon's step times and its
-emitted-to-pushed delivery times, with one bucket per power of two of the
-log-linear buckets it keeps (:mod:`rte.protocol.latency`), in seconds.
+the serve loop. Counters are the daemon's own (its waits, sleeps and wake-ups
+among them) and its clients' rings' wake-ups; gauges are its clients' rings,
+slots and sessions, and the wake-ups per step of each side; the two histograms
+are the daemon's step times and its emitted-to-pushed delivery times, with one
+bucket per power of two of the log-linear buckets it keeps
+(:mod:`rte.protocol.latency`), in seconds.
 
 ``rte serve --metrics-port PORT`` also serves it at
 ``http://127.0.0.1:PORT/metrics`` (:func:`serve_metrics`), on loopback only,
@@ -53,6 +55,9 @@ COUNTERS = {  # the daemon's counter -> (metric, help)
     "idle_detaches": ("idle_detaches_total", "Sessions detached for a stalled client."),
     "dead_clients_reaped": ("dead_clients_reaped_total", "Dead clients reclaimed."),
     "clients_disconnected": ("clients_disconnected_total", "Clients revoked for flooding."),
+    "idle_waits": ("daemon_waits_total", "Waits of the daemon that found nothing to do."),
+    "idle_sleeps": ("daemon_sleeps_total", "... that slept on its doorbell."),
+    "wakeups": ("daemon_wakeups_total", "... that a client's post woke (a wake-up paid)."),
 }
 
 
@@ -147,6 +152,28 @@ def prometheus(snap: dict[str, Any]) -> str:
             for labels, c in per_client
             for ring, stats in c["rings"].items()
         ],
+    )
+    metric(
+        "client_ring_wakeups_total",
+        "counter",
+        "Posts that woke each ring's consumer (outbox: the client; inbox: the daemon).",
+        [
+            (f'{labels},ring="{ring}"', stats["wakeups"])
+            for labels, c in per_client
+            for ring, stats in c["rings"].items()
+        ],
+    )
+    waking = snap.get("waking") or {}
+    per_step = [
+        (f'{daemon},side="daemon"', (waking.get("daemon") or {}).get("wakeups_per_step")),
+        (f'{daemon},side="clients"', waking.get("client_wakeups_per_step")),
+    ]
+    metric(
+        "wakeups_per_step",
+        "gauge",
+        "Wake-ups per step since the daemon started (daemon: posts it received; "
+        "clients: the daemon's posts to them, summed).",
+        [(labels, v) for labels, v in per_step if v is not None],
     )
     held = snap["slab"]["held_by_client"] if snap["slab"] else {}
     metric(

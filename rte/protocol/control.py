@@ -75,6 +75,10 @@ class Counter(enum.IntEnum):
     FIRST_ERROR_NS = 9
     NOTICES_DROPPED = 10  # answers lost to a client whose ring and backlog were full
     CLIENTS_DISCONNECTED = 11  # clients revoked for not reading their answers
+    # how the serve thread waited for requests and credit (shm.waiting.WaitTally):
+    IDLE_WAITS = 12  # waits that found nothing to do at once
+    IDLE_SLEEPS = 13  # ... that went on to sleep on the daemon's doorbell
+    WAKEUPS = 14  # ... sleeps a client's post ended (a post and a wake-up paid)
 
 
 # daemon block word offsets (bytes from the block start)

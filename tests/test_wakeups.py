@@ -1,0 +1,193 @@
+"""Waiting without paying for a wake-up, and showing it (issue 27).
+
+A post that wakes a sleeping process is the dearest thing on the path, so every
+wait is counted (:class:`~shm.waiting.WaitTally`), the spin before a sleep
+follows how long records recently took (:class:`~shm.waiting.AdaptiveSpin`),
+and ``rte inspect`` shows each side's sleeps and wake-ups per step. Behaviour
+only: counts exist and rise when a side sleeps; never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import multiprocessing
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import wake_workers
+from daemon_harness import DaemonProcess, wait_for
+
+from rte.cli import main as rte_main
+from rte.ipc.inspect import waking
+from shm import Doorbell, Ring, Segment, WaitPolicy, shm_name, wait_any
+from shm.segment import HEADER_SIZE
+from shm.waiting import AdaptiveSpin, WaitTally
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def inspect(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert rte_main(["inspect", *argv]) == 0
+    return out.getvalue()
+
+
+class OneRing:
+    """A ring in a segment of its own, with its doorbell (both unlinked at close)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.segment_name, self.bell_name = shm_name(prefix, "ring"), shm_name(prefix, "bell")
+        self.segment = Segment.create(self.segment_name, HEADER_SIZE + Ring.footprint(256))
+        self.bell = Doorbell(self.bell_name, create=True)
+        self.ring = Ring.create(self.segment, HEADER_SIZE, 256, doorbell=self.bell)
+
+    def close(self) -> None:
+        self.segment.close()
+        self.segment.unlink()
+        self.bell.close()
+        self.bell.unlink()
+
+
+@pytest.fixture
+def one_ring(shm_prefix: str) -> Iterator[OneRing]:
+    rig = OneRing(shm_prefix)
+    yield rig
+    rig.close()
+
+
+def pusher(rig: OneRing, count: int) -> multiprocessing.process.BaseProcess:
+    """A producer process that pushes ``count`` records, each once we sleep."""
+    process = SPAWN.Process(
+        target=wake_workers.push_when_asleep,
+        args=(rig.segment_name, HEADER_SIZE, rig.bell_name, count),
+    )
+    process.start()
+    return process
+
+
+def join(process: multiprocessing.process.BaseProcess) -> None:
+    process.join(60)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+        pytest.fail("the producer did not finish")
+    assert process.exitcode == 0
+
+
+def test_the_spin_follows_recent_waits_within_its_bounds() -> None:
+    spin = AdaptiveSpin(floor_ns=50_000, max_ns=1_000_000)
+    assert spin.budget_ns() == 50_000  # nothing seen yet: no more than the floor
+    for _ in range(20):  # records come 200 µs after a wait begins
+        spin.observe(200_000, ended=True)
+    assert 350_000 <= spin.budget_ns() <= 450_000  # about twice that
+    for _ in range(20):  # ... then 10 µs
+        spin.observe(10_000, ended=True)
+    assert spin.budget_ns() == 50_000  # never under the floor
+    for _ in range(20):  # ... then 600 µs: twice would pass the cap
+        spin.observe(600_000, ended=True)
+    assert spin.budget_ns() == 1_000_000
+    for _ in range(20):  # ... then the peer went idle: a spin would catch nothing
+        spin.observe(50_000_000, ended=False)
+    assert spin.budget_ns() == 50_000
+
+
+def test_tally_taken_hands_over_the_counts_and_starts_again() -> None:
+    tally = WaitTally(waits=3, sleeps=2, wakeups=1)
+    assert tally.taken() == WaitTally(3, 2, 1)
+    assert tally == WaitTally()
+
+
+def test_a_sleep_that_a_post_ends_is_a_wakeup_on_both_sides(one_ring: OneRing) -> None:
+    ring, tally = one_ring.ring, WaitTally()
+    ring.push_nowait(b"already there")
+    assert wait_any([ring], one_ring.bell, 1.0, policy=WaitPolicy.BLOCK, tally=tally)
+    assert tally == WaitTally()  # a record waiting: not a wait at all
+    ring.pop_nowait()
+    assert not wait_any([ring], one_ring.bell, 0.01, policy=WaitPolicy.BLOCK, tally=tally)
+    assert tally == WaitTally(waits=1, sleeps=1, wakeups=0)  # slept, nobody posted
+    producer = pusher(one_ring, 1)
+    try:
+        assert wait_any([ring], one_ring.bell, 30.0, policy=WaitPolicy.BLOCK, tally=tally)
+    finally:
+        join(producer)
+    assert tally == WaitTally(waits=2, sleeps=2, wakeups=1)
+    assert ring.statistics().wakeups == 1  # the producer's post, counted in the header
+
+
+def test_a_rings_own_waits_are_counted_in_its_tally(one_ring: OneRing) -> None:
+    ring = one_ring.ring
+    producer = pusher(one_ring, 3)
+    try:
+        for _ in range(3):
+            assert ring.wait_readable(30.0, policy=WaitPolicy.BLOCK)
+            ring.pop_nowait()
+    finally:
+        join(producer)
+    assert ring.tally.waits == ring.tally.sleeps == 3
+    assert ring.tally.wakeups == ring.statistics().wakeups == 3
+
+
+def test_inspect_shows_each_sides_sleeps_and_wakeups_per_step(shm_prefix: str) -> None:
+    """A client that pauses between chunks makes the daemon sleep on its doorbell
+    and its release wake it: the daemon's counters say so, per step, in --json,
+    the table and Prometheus; the client's outbox wake-ups are its own row."""
+    d = DaemonProcess(shm_prefix, "--model", "null")
+    try:
+        with d.client() as client:
+            client.attach("a", credits=1)
+            for _ in range(5):  # each pause outlasts any spin: the daemon sleeps
+                chunk = client.poll(timeout=10)
+                assert chunk is not None
+                time.sleep(0.1)
+                chunk.release()
+
+            def woke() -> bool:
+                return json.loads(inspect(shm_prefix, "--json"))["counters"]["wakeups"] >= 3
+
+            wait_for(woke)
+            snap = json.loads(inspect(shm_prefix, "--json"))
+            text = inspect(shm_prefix)
+            metrics = inspect(shm_prefix, "--prometheus")
+            index = client.index
+    finally:
+        assert d.stop() == 0
+    counters = snap["counters"]
+    assert counters["idle_waits"] >= counters["idle_sleeps"] >= counters["wakeups"] >= 3
+    figures = snap["waking"]
+    assert figures == waking(snap)
+    assert figures["steps"] == counters["steps"] >= 5
+    assert figures["daemon"]["wakeups_per_step"] == counters["wakeups"] / counters["steps"]
+    (mine,) = figures["clients"]
+    assert mine["index"] == index and mine["records"] >= 5
+    assert mine["wakeups"] == snap["clients"][0]["rings"]["outbox"]["wakeups"]
+    assert "waking (per step" in text and "WAKES" in text
+    assert f'rte_wakeups_per_step{{daemon="{shm_prefix}",side="daemon"}}' in metrics
+    assert "rte_daemon_wakeups_total" in metrics and "rte_client_ring_wakeups_total" in metrics
+    recent = waking(snap, snap)  # nothing happened since itself
+    assert recent["steps"] == 0 and recent["daemon"]["wakeups_per_step"] is None
+
+
+def test_a_daemon_without_sessions_sleeps_instead_of_spinning(shm_prefix: str) -> None:
+    """Idle with a client but no session, under the default spin-then-block policy,
+    every wait of the daemon sleeps, and its process uses next to no CPU."""
+    d = DaemonProcess(shm_prefix, "--model", "null", "--wait-policy", "spin-then-block")
+    try:
+        with d.client():
+            before = json.loads(inspect(shm_prefix, "--json"))["counters"]
+            process = psutil.Process(d.pid)
+            cpu = process.cpu_times()
+            time.sleep(1.0)
+            after_cpu = process.cpu_times()
+            after = json.loads(inspect(shm_prefix, "--json"))["counters"]
+    finally:
+        assert d.stop() == 0
+    used = (after_cpu.user + after_cpu.system) - (cpu.user + cpu.system)
+    assert used < 0.2, f"an idle daemon used {used:.2f} s of CPU in 1 s: it spins"
+    waits = after["idle_waits"] - before["idle_waits"]
+    sleeps = after["idle_sleeps"] - before["idle_sleeps"]
+    assert waits >= 5 and sleeps == waits  # each wait slept: none ended in a spin
