@@ -25,6 +25,7 @@ from rte.client.daemon import live_pid
 from rte.errors import ConfigurationError
 from rte.ipc.settings import Settings
 from rte.ipc.sources import options_of, read, setting
+from rte.launch import serve_command
 from rte.launch.supervisor import Child, supervise
 from rte.protocol.names import DaemonNames
 
@@ -86,8 +87,19 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     if children:
-        return supervise(children, lambda line: print(f"rte serve: {line}", file=sys.stderr))
+        return supervise(children, ready=_say_own, say=_say_own)
     return run_from_command_line(settings)
+
+
+def _say(line: str) -> None:
+    """One line to stderr in one write (the children's echo threads write too)."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
+
+def _say_own(line: str) -> None:
+    """The supervisor's own words, named as this command's."""
+    _say(f"rte serve: {line}")
 
 
 def _one_name_one_kind(name: str, pool: bool) -> None:
@@ -128,13 +140,13 @@ def _children(
     name = values["name"]
     children = []
     for i, place in enumerate(places):
-        argv = [sys.executable, "-m", "rte", "serve", "--log-level", level]
+        options = ["--log-level", level]
         port = values.get("metrics_port")
-        own = {"name": f"{name}-{i}", "device": place}
+        own: dict[str, Any] = {"device": place}
         if port:  # a port each: child i on PORT + i (0: each its own free one)
             own["metrics_port"] = port + i
         for option in OPTIONS:
-            if option.key in values:
-                argv += option.argv(own.get(option.key, values[option.key]))
-        children.append(Child(f"{name}-{i}", argv))
+            if option.key in values and option.key != "name":  # (its own: serve_command's)
+                options += option.argv(own.get(option.key, values[option.key]))
+        children.append(Child(f"{name}-{i}", serve_command(f"{name}-{i}", options), _say))
     return children

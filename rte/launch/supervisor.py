@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,10 +40,12 @@ STOP_TIMEOUT_S = 30.0  # each child's grace after SIGTERM
 @dataclass
 class Child:
     """One supervised daemon: ``command`` serves ``name``; :attr:`daemon` is its
-    current run (a new one at each restart)."""
+    current run (a new one at each restart). ``say`` writes one whole line: each
+    of the child's, prefixed with its name (the command decides where they go)."""
 
     name: str
     command: list[str]
+    say: Callable[[str], None]
     daemon: LaunchedDaemon | None = None
     started: float = 0.0
     delay: float = BACKOFF_S[0]
@@ -67,20 +68,23 @@ class Child:
         return self.daemon is not None and self.daemon.ready_line() is not None
 
     def _echo(self, text: str) -> None:
-        """Each line the child says, prefixed: one write per line, so the lines of
-        the other children's threads go whole in between."""
-        sys.stderr.write(f"[{self.name}] {text}\n")
-        sys.stderr.flush()
+        """Each line the child says, prefixed, as one line (so the lines of the
+        other children's threads go whole in between)."""
+        self.say(f"[{self.name}] {text}")
 
 
-def supervise(children: list[Child], ready: Callable[[str], None]) -> int:
-    """Run ``children`` until SIGTERM/SIGINT; the exit code."""
+def supervise(
+    children: list[Child], ready: Callable[[str], None], say: Callable[[str], None]
+) -> int:
+    """Run ``children`` until SIGTERM/SIGINT; the exit code. ``ready`` is told the
+    ready line once every child is ready, ``say`` the supervisor's other words
+    (a child that could not start)."""
     stopping = threading.Event()
     with StopSignals(stopping):
         try:
             for child in children:
                 child.start()
-            code = _until_ready(children, stopping)
+            code = _until_ready(children, stopping, say)
             if code is None:
                 ready(ready_line(children))
                 _watch(children, stopping)
@@ -100,7 +104,9 @@ def ready_line(children: list[Child]) -> str:
     )
 
 
-def _until_ready(children: list[Child], stopping: threading.Event) -> int | None:
+def _until_ready(
+    children: list[Child], stopping: threading.Event, say: Callable[[str], None]
+) -> int | None:
     """None once every child is ready; else the code to exit with (a child that
     could not start, or a stop meanwhile)."""
     while not all(c.ready() for c in children):
@@ -110,11 +116,7 @@ def _until_ready(children: list[Child], stopping: threading.Event) -> int | None
             code = child.process.poll()
             if code is not None and not child.ready():
                 assert child.daemon is not None
-                print(
-                    f"rte serve: {child.name} did not start (exit {code}): "
-                    f"{child.daemon.last_words()}",
-                    file=sys.stderr,
-                )
+                say(f"{child.name} did not start (exit {code}): {child.daemon.last_words()}")
                 return code or 1
         stopping.wait(0.05)
     return None
