@@ -1,8 +1,10 @@
 """rte on a real local Ray cluster (three nodes on this machine, every Ray process
-on 127.0.0.1): a daemon per node placed by resources, sessions spread and sticky,
-this node's daemon through shared memory and the others' through the object
-store, a killed node's sessions reported and admitted again elsewhere, and
-nothing left behind."""
+on 127.0.0.1, one cluster for the module): a daemon per node placed by
+resources, sessions spread and sticky, this node's daemon through shared memory
+and the others' chunks pushed by their hosts, a killed node's sessions reported
+and admitted again elsewhere, and nothing left behind. The behaviour tests of
+tests/test_client.py run here on RayClient too, its daemon on this node
+(``ray-local``) and on another (``ray-remote``)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import psutil
 import pytest
 from daemon_harness import Deadline
 
-from rte.client import EngineGone
+from rte.client import EngineClient, EngineGone
 from rte.models.null import tag_of
-from rte.ray import RayClient, local_cluster, start_hosts  # first: it sets Ray's environment
+from rte.ray import DaemonHost, RayClient, Router, local_cluster, start_hosts  # first: Ray's env
+from rte.ray.cluster import node_args
 from shm.names import objects, shm_name
 
 ray = pytest.importorskip("ray", reason="the ray extra (in the dev extra): pip install -e '.[ray]'")
@@ -47,27 +50,77 @@ def outside_addresses(processes: list[psutil.Process]) -> list[str]:
     return bad
 
 
-@pytest.fixture
-def cluster(shm_prefix: str) -> Iterator[tuple[Any, list[Any], Any, float]]:
+def test_the_scale_benchmark_measures_both_ray_paths(shm_prefix: str) -> None:
+    """First in the module: it starts a cluster of its own (one per process at a time)."""
+    from tools import bench_scale  # noqa: PLC0415 (tools run from a checkout)
+    from tools.report import Progress  # noqa: PLC0415
+
+    rows = bench_scale.ray_rows(1, 1, 2, 0.2, Progress("scale", 1), prefix=shm_prefix)
+    assert [r["model"] for r in rows] == ["ray-local", "ray-remote"]
+    for row in rows:
+        assert row["chunks_per_s"] > 0 and row["p50_us"] > 0
+    limit = Deadline(what="the benchmark's daemons gone from /dev/shm")
+    while objects(shm_name(shm_prefix)):
+        limit.check(objects(shm_name(shm_prefix)))
+        time.sleep(0.1)
+
+
+# the behaviour tests, run here on the ray forms: imported after the benchmark's test, so
+# that it runs first (it starts a cluster of its own; one at a time per process)
+from test_client import (  # noqa: E402, F401
+    test_a_client_is_a_context_manager,
+    test_a_consumer_that_stops_reading_stalls_without_growing,
+    test_a_large_input_reaches_the_engine_by_value_or_by_loan,
+    test_admission_beyond_capacity_then_rows_are_reused,
+    test_an_action_shows_in_every_later_chunk,
+    test_attaching_a_session_again_keeps_it_streaming,
+    test_both_forms_refuse_what_the_wire_cannot_carry,
+    test_calls_after_close_raise_client_closed,
+    test_chunks_arrive_in_order_shaped_and_read_only,
+    test_credits_the_quota_cannot_hold_are_refused_at_attach,
+    test_detach_ends_the_stream_after_its_in_flight_chunk,
+    test_refused_requests_raise_or_tell_and_change_nothing,
+    test_reset_restarts_identically_and_a_refused_one_changes_nothing,
+)
+
+NODES = 3
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[tuple[Any, float]]:
+    """The module's cluster (three nodes, one rte_gpu each) and when it began."""
     began = time.time()
+    with local_cluster([{"rte_gpu": 1}] * NODES) as c:
+        yield c, began
+
+
+@pytest.fixture
+def cluster(
+    nodes: tuple[Any, float], shm_prefix: str
+) -> Iterator[tuple[Any, list[Any], Any, float]]:
+    c, began = nodes
     problems: list[str] = []
-    with local_cluster([{"rte_gpu": 1}] * 3) as c:
-        hosts, router = start_hosts(
-            ["--model", "null", "--max-sessions", "2"], 3, name=f"{shm_prefix}h"
-        )
-        homes = [node for _, node in ray.get([h.where.remote() for h in hosts], timeout=60)]
-        yield c, hosts, router, began
-        stops = [host.stop.remote() for host in hosts]  # all at once: each may take a while
-        for i, stop in enumerate(stops):
-            try:
-                code = ray.get(stop, timeout=60)
-            except Exception as exc:  # said below, with what is left
-                gone = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
-                if homes[i] not in gone:  # (a removed node's host cannot stop: checked below)
-                    problems.append(f"host {i} stop: {type(exc).__name__}: {exc}")
-            else:
-                if code != 0:
-                    problems.append(f"host {i}: its daemon exited with {code}")
+    hosts, router = start_hosts(
+        ["--model", "null", "--max-sessions", "2"], NODES, name=f"{shm_prefix}h"
+    )
+    homes = [node for _, node in ray.get([h.where.remote() for h in hosts], timeout=60)]
+    yield c, hosts, router, began
+    stops = [host.stop.remote() for host in hosts]  # all at once: each may take a while
+    for i, stop in enumerate(stops):
+        try:
+            code = ray.get(stop, timeout=60)
+        except Exception as exc:  # said below, with what is left
+            gone = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+            if homes[i] not in gone:  # (a removed node's host cannot stop: checked below)
+                problems.append(f"host {i} stop: {type(exc).__name__}: {exc}")
+        else:
+            if code != 0:
+                problems.append(f"host {i}: its daemon exited with {code}")
+    for actor in [*hosts, router]:
+        ray.kill(actor)
+    while len([n for n in ray.nodes() if n["Alive"]]) < NODES:  # a test removed one
+        c.add_node(**node_args({"rte_gpu": 1}))
+        c.wait_for_nodes(timeout=60)
     limit = Deadline(what="every daemon gone from /dev/shm")
     while objects(shm_name(shm_prefix)) and time.monotonic() < limit.end:
         time.sleep(0.1)
@@ -143,20 +196,6 @@ def test_sessions_spread_over_nodes_stay_and_survive_a_lost_node(
     client.close()
 
 
-def test_the_scale_benchmark_measures_both_ray_paths(shm_prefix: str) -> None:
-    from tools import bench_scale  # noqa: PLC0415 (tools run from a checkout)
-    from tools.report import Progress  # noqa: PLC0415
-
-    rows = bench_scale.ray_rows(1, 1, 2, 0.2, Progress("scale", 1), prefix=shm_prefix)
-    assert [r["model"] for r in rows] == ["ray-local", "ray-remote"]
-    for row in rows:
-        assert row["chunks_per_s"] > 0 and row["p50_us"] > 0
-    limit = Deadline(what="the benchmark's daemons gone from /dev/shm")
-    while objects(shm_name(shm_prefix)):
-        limit.check(objects(shm_name(shm_prefix)))
-        time.sleep(0.1)
-
-
 def test_callers_sharing_a_daemon_each_get_all_their_own_chunks(
     cluster: tuple[Any, list[Any], Any, float],
 ) -> None:
@@ -182,3 +221,124 @@ def test_callers_sharing_a_daemon_each_get_all_their_own_chunks(
         assert chunks == list(range(chunks[0], chunks[0] + len(chunks))), session
     first.close()
     second.close()
+
+
+# -- the behaviour tests of test_client.py, on RayClient ----------------------------
+
+ROWS = 3
+
+
+class RayEngines:
+    """test_client's Engines for the ray forms: per model a host (its daemon with
+    test_client's sizes) on this caller's node or another, and its own router."""
+
+    def __init__(self, form: str, prefix: str) -> None:
+        self.form, self.prefix = form, prefix
+        self.actors: dict[str, tuple[Any, Any]] = {}  # model -> (host, router)
+        self.clients: list[EngineClient] = []
+
+    def client(self, model: str = "reference") -> EngineClient:
+        from ray.util.scheduling_strategies import (  # noqa: PLC0415
+            NodeAffinitySchedulingStrategy,
+        )
+
+        if model not in self.actors:
+            here = ray.get_runtime_context().get_node_id()
+            alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+            node = here if self.form == "ray-local" else next(n for n in alive if n != here)
+            args = ["--model", model, "--max-sessions", str(ROWS), "--max-clients", "4"]
+            on = NodeAffinitySchedulingStrategy(node, soft=False)
+            host = (
+                ray.remote(num_cpus=0, max_restarts=0)(DaemonHost)
+                .options(scheduling_strategy=on)
+                .remote(f"{self.prefix}{model}", args)
+            )
+            router = ray.remote(num_cpus=0)(Router).remote([host])
+            self.actors[model] = (host, router)
+        host, router = self.actors[model]
+        client = RayClient(router, [host])
+        assert client.places[0][1] == ray.get_runtime_context().get_node_id() or (
+            self.form == "ray-remote"
+        )
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for host, router in self.actors.values():
+            assert ray.get(host.stop.remote(), timeout=60) == 0
+            ray.kill(host)
+            ray.kill(router)
+
+
+@pytest.fixture(params=["ray-local", "ray-remote"])
+def engine(
+    request: pytest.FixtureRequest, nodes: tuple[Any, float], shm_prefix: str
+) -> Iterator[RayEngines]:
+    engines = RayEngines(request.param, shm_prefix)
+    yield engines
+    engines.close()
+
+
+# -- the two paths: at the speed of the node, pushed from the others --------------
+
+
+def test_a_local_session_streams_on_while_another_nodes_host_is_stopped(
+    cluster: tuple[Any, list[Any], Any, float],
+) -> None:
+    """This node's session goes through shared memory and its waits never ask
+    another host: with a remote host's actor stopped (SIGSTOP), every action on
+    the local session shows within the deadline (the client once waited 5 s on
+    each remote host in every take)."""
+    _, hosts, router, _ = cluster
+    client = RayClient(router, hosts)
+    for i in range(3):
+        client.attach(f"s{i}")
+    local = next(s for s in client.home if client.path(s) == "shm")
+    remote = next(s for s in client.home if client.path(s) == "ray")
+    take_until(client, remote, 1)  # streaming: its host has pushed
+    host = hosts[client.home[remote]]
+    stopped = psutil.Process(ray.get(host.pid.remote(), timeout=30))
+    stopped.suspend()
+    try:
+        limit = Deadline(seconds=10, what="ten actions shown on the local session")
+        for tag in range(1, 11):
+            client.act(local, {"tag": tag})
+            while not any(f.session == local and tag_of(f.latent) == tag for f in client.take(0.2)):
+                limit.check(tag)
+    finally:
+        stopped.resume()
+    client.close()
+
+
+def take_until(client: RayClient, session: str, count: int) -> list[Any]:
+    frames: list[Any] = []
+    limit = Deadline(what=f"{count} chunks of {session}")
+    while len(frames) < count:
+        limit.check(len(frames))
+        frames += [f for f in client.take(0.2) if f.session == session]
+    return frames
+
+
+def test_a_remote_sessions_chunks_are_pushed_a_message_per_step_and_released_in_bulk(
+    cluster: tuple[Any, list[Any], Any, float],
+) -> None:
+    """A session on another node: its host pushes its chunks (the caller asks it
+    for none), a message per wake-up, each step's chunks one batch; the caller's
+    releases go back gathered, so its slots are all given back, and its stream
+    is in order without a gap."""
+    _, hosts, router, _ = cluster
+    client = RayClient(router, hosts)
+    for i in range(3):
+        client.attach(f"s{i}")
+    remote = next(s for s in client.home if client.path(s) == "ray")
+    host = hosts[client.home[remote]]
+    frames = take_until(client, remote, 30)
+    assert all(f.path == "ray" for f in frames)
+    chunks = [f.chunk for f in frames]
+    assert chunks == list(range(chunks[0], chunks[0] + len(chunks)))
+    counts = ray.get(host.relayed.remote(client.owner), timeout=30)
+    assert counts["steps"] >= 30 and counts["messages"] <= counts["steps"]
+    assert 0 < counts["give_backs"] <= counts["messages"]  # at most one per message
+    client.close()

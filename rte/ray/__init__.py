@@ -3,9 +3,11 @@
 - :func:`start_hosts` — a :class:`~rte.ray.hosting.DaemonHost` actor per node
   that declares the resource (``rte_gpu`` by default: one per GPU), each owning
   an ``rte serve`` daemon there, and the :class:`~rte.ray.hosting.Router`.
-- :class:`~rte.ray.client.RayClient` — a caller anywhere: sessions admitted by
-  free rows and sticky; this node's daemons through shared memory, the others'
-  chunks through the object store; a lost node's sessions reported.
+- :class:`~rte.ray.client.RayClient` — a caller anywhere, an EngineClient over
+  :class:`~rte.ray.transport.RayTransport`: sessions admitted by free rows and
+  sticky; this node's daemons through shared memory, the others' chunks pushed
+  by their hosts (:mod:`rte.ray.relay`, :mod:`rte.ray.remote`); a lost node's
+  sessions alone lost.
 - :func:`~rte.ray.cluster.local_cluster` — several nodes on this machine, every
   Ray process on 127.0.0.1 only (also :func:`~rte.ray.cluster.loopback_environment`).
 

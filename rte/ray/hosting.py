@@ -10,9 +10,10 @@ unlinks its shared memory.
 :func:`rte.ray.cluster.loopback_environment` turns that off, as
 ``RAY_kill_child_processes_on_worker_exit=0`` does for a cluster started by
 hand.) Callers on the same node attach to that daemon through shared memory,
-by its name, exactly as any local client; for callers elsewhere the host is
-their client of it: it attaches, acts, and hands out chunks copied into Ray's
-object store.
+by its name, exactly as any local client; for each caller elsewhere the host
+holds a client slot of its own (a :class:`~rte.ray.relay.Relay`): it relays the
+caller's requests and pushes its arrivals, a message per wake-up, through an
+async generator (Ray's streaming generator of an async actor method).
 
 The Router admits a session to the live host with the most free rows and keeps
 it there (sticky: :mod:`rte.placement`, the pool's policy too); a thread of it
@@ -24,16 +25,21 @@ admits them elsewhere.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 
 from rte.client import ShmClient
+from rte.contract import Manifest
 from rte.errors import AdmissionError
 from rte.launch import LaunchedDaemon
 from rte.placement import Placement
+from rte.protocol.requests import Request
+from rte.ray.relay import Ended, Message, Relay
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
@@ -41,7 +47,8 @@ MISSES = 3  # checks a live actor may fail in a row (busy, or its daemon gone) b
 
 
 class DaemonHost:
-    """``rte serve --name NAME ARGS`` on this actor's node, and a client of it."""
+    """``rte serve --name NAME ARGS`` on this actor's node, and a :class:`Relay` of it
+    per caller elsewhere. An async actor (its relays stream on its event loop)."""
 
     def __init__(self, name: str, args: list[str]) -> None:
         import ray  # noqa: PLC0415 (an actor: Ray is there)
@@ -52,9 +59,8 @@ class DaemonHost:
         self.daemon = LaunchedDaemon(name, args, own_session=True)
         client = self.daemon.connect()
         assert isinstance(client, ShmClient)
-        self.client = client  # for callers on other nodes
-        self.owner: dict[str, str] = {}  # session -> the caller it streams to
-        self.waiting: dict[str, list[tuple[Any, int]]] = {}  # owner -> (batch, row) held
+        self.client = client  # this host's own look at the daemon (its roster, its manifest)
+        self.relays: dict[str, Relay] = {}  # caller -> its client slot here
 
     def where(self) -> tuple[str, str]:
         """(daemon name, node id): the health check, too (it fails when the daemon
@@ -69,48 +75,58 @@ class DaemonHost:
     def free_rows(self) -> int:
         return self.client.free_rows()
 
-    def attach(
-        self, session: str, conditioning: dict[str, Any], owner: str = "", credits: int = 0
-    ) -> None:
-        self.client.attach(session, conditioning, credits=credits)
-        self.owner[session] = owner
+    def manifest(self) -> Manifest:
+        return self.client.manifest
 
-    def act(self, session: str, conditioning: dict[str, Any]) -> None:
-        self.client.act(session, conditioning)
+    def pid(self) -> int:
+        """This actor's process (for a test that stops it)."""
+        return os.getpid()
 
-    def detach(self, session: str) -> None:
-        self.client.detach(session)
-        self.owner.pop(session, None)
+    def relayed(self, owner: str) -> dict[str, int]:
+        """What this host relayed for caller ``owner``: messages pushed, steps in
+        them, calls that gave rows back."""
+        relay = self.relays.get(owner)
+        return dict(relay.counts) if relay is not None else {}
 
-    def take(self, owner: str, wait: float = 0.05) -> list[tuple[str, int, np.ndarray[Any, Any]]]:
-        """The chunks that came for ``owner``'s sessions (waiting up to ``wait`` s for
-        the first), copied out: they travel through the object store. Other
-        callers' chunks stay held for them, in their slots: a caller that does not
-        take stalls its own sessions (credits), never grows this actor."""
-        out = [self._copy(batch, row) for batch, row in self.waiting.pop(owner, [])]
-        batch = self.client.poll_batch(timeout=0 if out else wait)
-        while batch is not None:
-            for i, session in enumerate(batch.sessions):
-                whose = self.owner.get(session, "")
-                if whose == owner:
-                    out.append(self._copy(batch, i))
-                else:
-                    self.waiting.setdefault(whose, []).append((batch, i))
-            batch = self.client.poll_batch(timeout=0)
-        return out
+    # -- relays for callers elsewhere -------------------------------------------
 
-    @staticmethod
-    def _copy(batch: Any, row: int) -> tuple[str, int, np.ndarray[Any, Any]]:
-        chunk = (batch.sessions[row], int(batch.chunks[row]), np.array(batch.latents[row]))
-        batch.release_row(row)
-        return chunk
+    def open(self, owner: str) -> Manifest:
+        """A client slot at the daemon for caller ``owner`` (its own: its chunks only)."""
+        relay = self.relays.get(owner)
+        if relay is None or relay.closed:
+            relay = self.relays[owner] = Relay(self.name)
+        return relay.manifest
 
-    def notices(self) -> list[tuple[str, str, str]]:
-        return [(n.session, n.kind.name, n.message) for n in self.client.notices()]
+    async def stream(self, owner: str) -> AsyncIterator[Message]:
+        """Caller ``owner``'s arrivals, pushed: a message per wake-up (see :class:`Relay`)."""
+        relay = self.relays.get(owner)
+        if relay is None:
+            yield [Ended(f"caller {owner!r} has no slot at daemon {self.name!r}: open first")]
+            return
+        async for message in relay.stream():
+            yield message
+
+    async def send(self, owner: str, request: Request, room_s: float = 0.0) -> None:
+        relay = self.relays.get(owner)
+        if relay is not None:
+            await relay.send(request, room_s)
+
+    def give_back(self, owner: str, releases: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+        relay = self.relays.get(owner)
+        if relay is not None:
+            relay.give_back(releases)
+
+    def close(self, owner: str) -> None:
+        """Caller ``owner`` leaves: its slot (and so its sessions) too."""
+        relay = self.relays.pop(owner, None)
+        if relay is not None:
+            relay.close()
 
     def stop(self) -> int:
         """Leave and stop the daemon (it finalizes and unlinks; killed after a grace
         period, and what it left removed); its exit code."""
+        for owner in list(self.relays):
+            self.close(owner)
         self.client.close()
         return self.daemon.stop()
 
@@ -122,7 +138,7 @@ class Router:
         self.hosts = hosts
         self.live = set(range(len(hosts)))
         self.placement: Placement[int] = Placement()  # session -> host, with its owner
-        self.lost_by: dict[str, list[str]] = {}  # owner -> sessions lost
+        self.lost_by: dict[str, list[tuple[str, int]]] = {}  # owner -> (session, host) lost
         self.misses: dict[int, int] = {}  # host -> health checks failed in a row
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -148,19 +164,32 @@ class Router:
             choices = self.placement.choices(
                 session, rows, owner=owner, live=self.live.__contains__
             )
+            # none with room by the rosters: one may lag a detach (a daemon publishes
+            # its roster a moment later), so the first live one is asked all the same
+            # and its own refusal is the one the caller gets (then it releases here)
+            choices += [i for i in rows if i in self.live and i not in choices]
             if choices:
                 self.placement.settle(session, choices[0], owner)
                 return choices[0]
-        raise AdmissionError(f"session {session!r}: every daemon of the cluster is full")
+        raise AdmissionError(
+            f"session {session!r} refused: no live host of the cluster answered "
+            f"({len(live)} live of {len(self.hosts)}); attach again when one is up"
+        )
 
     def release(self, session: str) -> None:
         with self.lock:
             self.placement.release(session)
 
-    def lost(self, owner: str) -> list[str]:
-        """The sessions of ``owner`` whose host died since it last asked."""
+    def lost(self, owner: str) -> list[tuple[str, int]]:
+        """The sessions of ``owner`` whose host died since it last asked, each with
+        that host (a session admitted again since lives elsewhere: not lost)."""
         with self.lock:
             return self.lost_by.pop(owner, [])
+
+    def forsake(self, index: int) -> None:
+        """A caller found host ``index`` gone (its stream ended, its daemon's FIFO
+        closed): it is lost now, before the health checks say so."""
+        self._lose(index)
 
     def hosts_alive(self) -> list[int]:
         with self.lock:
@@ -184,6 +213,8 @@ class Router:
 
     def _lose(self, index: int) -> None:
         with self.lock:
+            if index not in self.live:
+                return
             self.live.discard(index)
             for session, owner in self.placement.lose(index):
-                self.lost_by.setdefault(owner, []).append(session)
+                self.lost_by.setdefault(owner, []).append((session, index))

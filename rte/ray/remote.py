@@ -1,0 +1,171 @@
+"""RemoteMember: a caller's end of one host's :class:`~rte.ray.relay.Relay`.
+
+The caller's side of a daemon on another node. Requests go to the host as
+actor calls that are not waited on (their answers come back as notices, in the
+stream, for the caller's client core to sort: so an attach waits for its
+ATTACHED exactly as over shared memory). Arrivals come pushed: one thread per
+member iterates the host's streaming generator, puts each message on a queue
+and writes an eventfd, so the caller's wait (a ``poll`` over its local
+daemons' FIFOs and these eventfds, or an event loop's ``add_reader``) wakes
+for them as for any other arrival, and nothing asks the host for chunks.
+Releases are gathered and given back in one actor call at the caller's next
+wait or receive (:meth:`RemoteMember.flush`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from rte.client.batch import ChunkBatch, Release
+from rte.client.inputs import by_reference
+from rte.client.transport import Arrival
+from rte.contract import Manifest, Notice
+from rte.errors import EngineGone
+from rte.protocol.requests import Request
+from rte.protocol.wire import encode_request
+from rte.ray.relay import Ended, Message, Step
+
+OPEN_TIMEOUT_S = 30.0
+JOIN_TIMEOUT_S = 5.0
+
+
+class RemoteLease:
+    """A remote batch's hold: the member whose host gives its rows back, and which batch."""
+
+    __slots__ = ("ident", "member")
+
+    def __init__(self, member: RemoteMember, ident: int) -> None:
+        self.member = member
+        self.ident = ident
+
+
+class RemoteMember:
+    """Caller ``owner``'s slot at ``host``'s daemon ``name``, streamed; see the module."""
+
+    def __init__(self, ray: Any, host: Any, name: str, owner: str) -> None:
+        self.ray, self.host, self.name, self.owner = ray, host, name, owner
+        try:
+            self.manifest: Manifest = ray.get(host.open.remote(owner), timeout=OPEN_TIMEOUT_S)
+        except Exception as exc:
+            raise EngineGone(f"the host of daemon {name!r} did not open a slot: {exc}") from None
+        self.closed = False
+        self.ended = ""  # why the stream ended (the daemon or its node gone)
+        self._queue: collections.deque[Message] = collections.deque()
+        self._releases: list[tuple[int, np.ndarray[Any, Any]]] = []
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._fd_lock = threading.Lock()  # the reader writes it, close closes it
+        self._stream = host.stream.remote(owner)
+        self._reader = threading.Thread(target=self._read, name=f"rte-ray-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """On the reader thread: every message of the stream onto the queue."""
+        why = ""
+        try:
+            for ref in self._stream:
+                message: Message = self.ray.get(ref)
+                self._queue.append(message)
+                self._ring()
+                if any(isinstance(item, Ended) for item in message):
+                    return
+        except Exception as exc:  # the actor (its node) is gone
+            why = f"EngineGone: the host of daemon {self.name!r} is gone: {type(exc).__name__}"
+        why = why or f"EngineGone: the stream of daemon {self.name!r} ended"
+        self._queue.append([Ended(why)])
+        self._ring()
+
+    def _ring(self) -> None:
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.eventfd_write(self._fd, 1)
+
+    # -- requests out -----------------------------------------------------------
+
+    def send(self, request: Request, room_s: float = 0.0) -> None:
+        """Check it against the wire's limits here (WireError before anything is
+        sent), then hand it to the host, not waiting."""
+        if self.ended:
+            raise EngineGone(self.ended)
+        encode_request(by_reference(request))
+        self.host.send.remote(self.owner, request, room_s)
+
+    # -- arrivals in ------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return bool(self._queue)
+
+    def receive(self, release: Release) -> tuple[list[Arrival], str]:
+        """What the stream brought, and why it ended ("" while it goes on)."""
+        out: list[Arrival] = []
+        taken = time.monotonic_ns()
+        while self._queue:
+            for item in self._queue.popleft():
+                if isinstance(item, Step):
+                    out.append(self._batch(item, taken, release))
+                elif isinstance(item, Notice):
+                    out.append(item)
+                else:
+                    self.ended = item.why
+        return out, self.ended
+
+    def _batch(self, step: Step, taken: int, release: Release) -> ChunkBatch:
+        for column in (step.latents, step.chunks, step.generated_ns):
+            with contextlib.suppress(ValueError):  # (one from the object store is already)
+                column.flags.writeable = False
+        return ChunkBatch(
+            step.sessions,
+            step.chunks,
+            step.latents,
+            step.generated_ns,
+            emitted_ns=step.emitted_ns,
+            pushed_ns=step.pushed_ns,
+            taken_ns=taken,
+            release=release,
+            lease=RemoteLease(self, step.ident),
+            applied=step.applied if step.applied.any() else None,
+        )
+
+    def give_back(self, ident: int, rows: np.ndarray[Any, Any]) -> None:
+        self._releases.append((ident, rows))
+
+    def flush(self) -> None:
+        """The releases gathered since the last flush, to the host in one call."""
+        if self._releases and not self.ended:
+            self.host.give_back.remote(self.owner, self._releases)
+        self._releases = []
+
+    # -- waiting --------------------------------------------------------------
+
+    def wake_fd(self) -> int:
+        return self._fd
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError), self._fd_lock:
+            if self._fd >= 0:
+                os.eventfd_read(self._fd)
+
+    # -- leaving --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave: the host closes this caller's slot, which ends the stream."""
+        if self.closed:
+            return
+        self.closed = True
+        self.flush()
+        if not self.ended:
+            with contextlib.suppress(Exception):
+                self.ray.get(self.host.close.remote(self.owner), timeout=JOIN_TIMEOUT_S)
+        self._reader.join(JOIN_TIMEOUT_S)
+        if self._reader.is_alive():  # a host that did not answer: stop reading it
+            with contextlib.suppress(Exception):
+                self.ray.cancel(self._stream)
+        with self._fd_lock:
+            os.close(self._fd)
+            self._fd = -1
