@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from rte import ComposedEngine
-from rte.contract import StepResult
+from rte.contract import ResultKind, StepResult, Timing
 from rte.ipc.allocator import Lease, SlabAllocator
 from rte.models import ReferenceModel
 from rte.protocol.requests import Attach
@@ -124,3 +124,21 @@ def test_each_lease_carries_the_emission_time_of_its_own_engine(slab: Slab) -> N
             lease.loan.abort()
     finally:
         loop.engine.close()
+
+
+def test_a_lease_that_matches_no_result_is_an_internal_error(slab: Slab) -> None:
+    owners: list[Any] = [_Owner(0), _Owner(1)]
+    manifest = ReferenceModel(1).manifest()
+    allocator = SlabAllocator(slab, manifest, lambda s: owners[int(s[1:]) % 2])
+    dtype, shape = np.dtype(manifest.latent_dtype), manifest.latent_shape
+    leases = [  # two clients' leases, as two batches would leave them
+        Lease(owners[i], slab.loan_batch(i, 1, dtype, shape), [f"s{i}"], [0], 1) for i in (0, 1)
+    ]
+    allocator.pending += leases
+    only_s0 = [StepResult("s0", 0, ResultKind.CHUNK, None, Timing(1, 5))]  # none for s1
+    try:
+        with pytest.raises(RuntimeError, match=r"lease of sessions \['s1'\] does not match"):
+            allocator.emitted(only_s0)  # it was stamped with now, unchecked
+    finally:
+        for lease in leases:
+            lease.loan.abort()

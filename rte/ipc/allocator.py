@@ -1,7 +1,7 @@
 """SlabAllocator: the engine's output buffers are leases of slab slots, a batch at a time.
 
 The engine's DEFERRED lane writes each chunk into the buffer the allocator
-hands it (:class:`rte.stages.OutputAllocator`); here a decoded batch's
+hands it (:class:`rte.output.OutputAllocator`); here a decoded batch's
 buffers are slots of the shared slab, leased per owner (the client a session
 belongs to) in one call each, as one run of adjacent slots when one is free:
 each client's chunks of a step are written once, in place, as one array
@@ -127,9 +127,16 @@ class SlabAllocator:
             for lease in leases:
                 lease.emitted_ns = emitted_ns
             return leases
-        # several batches (several clients, or engines): each its own engine's time
+        # several batches (several clients, or engines): each its own engine's time,
+        # that of its rows' results (one batch's results share one Timing)
         by_session = {r.session: r.timing.emitted_ns for r in results}
-        now = time.monotonic_ns()
         for lease in leases:
-            lease.emitted_ns = by_session.get(lease.sessions[0], now)
+            emitted_ns = by_session.get(lease.sessions[0])
+            if emitted_ns is None or any(by_session.get(s) != emitted_ns for s in lease.sessions):
+                raise RuntimeError(
+                    f"internal error: the slab lease of sessions {lease.sessions} does not "
+                    "match the engine call's results (a row with no result, or rows of "
+                    "two emissions): an engine leased output it did not return; report this"
+                )
+            lease.emitted_ns = emitted_ns
         return leases

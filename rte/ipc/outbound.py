@@ -68,12 +68,11 @@ class Outbound:
         """Chunks (their leases) to their owners, a STEP record each; notices where
         the router says (``requester``: the client whose request produced them,
         if any, and ``credits`` what that request asked for)."""
-        if items and type(items[-1]) is Lease:  # a step without errors: chunks only
-            self.steps(items)  # type: ignore[arg-type]
-            return
         leases = [item for item in items if type(item) is Lease]
         if leases:  # every chunk of this call, before the notices after it
             self.steps(leases)
+        if len(leases) == len(items):  # a step without errors: chunks only
+            return
         for item in items:
             if type(item) is Lease:
                 continue
