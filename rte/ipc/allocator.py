@@ -131,12 +131,12 @@ class SlabAllocator:
         # that of its rows' results (one batch's results share one Timing)
         by_session = {r.session: r.timing.emitted_ns for r in results}
         for lease in leases:
-            emitted_ns = by_session.get(lease.sessions[0])
-            if emitted_ns is None or any(by_session.get(s) != emitted_ns for s in lease.sessions):
+            when = by_session.get(lease.sessions[0])
+            if when is None or any(by_session.get(s) != when for s in lease.sessions):
                 raise RuntimeError(
                     f"internal error: the slab lease of sessions {lease.sessions} does not "
                     "match the engine call's results (a row with no result, or rows of "
                     "two emissions): an engine leased output it did not return; report this"
                 )
-            lease.emitted_ns = emitted_ns
+            lease.emitted_ns = when
         return leases
