@@ -19,8 +19,9 @@ sleeping process is the dearest thing here (~145 µs on a small VM, against
 ~1 µs for a Python call). A producer already posts only to an announced
 sleeper (the handshake); a consumer sleeps less when it spins for as long as
 its records usually take to come (:class:`AdaptiveSpin`: bounded, and the spin
-yields the core between polls, for a peer on the same core is what it waits
-for).
+yields the core every :data:`SPIN_YIELD_EVERY_NS`, for a peer on the same core
+may be what it waits for; not at every poll, since on a busy box a yield can
+cost a time slice behind the other runnable tasks).
 
 Blocking waits accept ``check``, called about every :data:`CHECK_EVERY_S`
 while waiting, so a caller can notice a dead peer and raise instead of waiting
@@ -43,8 +44,10 @@ from shm.native import lib
 
 CHECK_EVERY_S = 0.1
 SPIN_SLICE_NS = 1_000_000  # the spin policy polls in slices this long, yielding between
-ADAPTIVE_SPIN_MAX_NS = 1_000_000  # an adaptive spin never spins longer than this
-SPIN_YIELD_EVERY_NS = 100_000  # spin-then-block yields the core this often while it spins
+ADAPTIVE_SPIN_MAX_NS = 500_000  # an adaptive spin never spins longer than this
+# a spin yields the core this often: not at every poll, for on a busy box a yield
+# can cost a whole time slice (ms) behind the other runnable tasks
+SPIN_YIELD_EVERY_NS = 100_000
 
 
 class WaitPolicy(enum.Enum):
@@ -219,7 +222,7 @@ def wait_any(
     ``before_sleep`` runs once the spin is over and the sleep is certain but for
     that last check (announce the sleep to ``ready``'s producers there: they post
     only to a sleeper, and a post costs a system call). The spin yields the core
-    between polls (its peer may need it). ``tally``: the wait counted there.
+    every :data:`SPIN_YIELD_EVERY_NS` (its peer may need it). ``tally``: the wait counted there.
     True when woken or already ready; False on timeout.
     """
 
@@ -234,11 +237,15 @@ def wait_any(
         tally.waits += 1
     if policy is not WaitPolicy.BLOCK:
         spin_ns = SPIN_SLICE_NS if policy is WaitPolicy.SPIN else int(spin_us * 1000)
-        end = time.monotonic_ns() + min(spin_ns, int(timeout * 1e9))
-        while time.monotonic_ns() < end:
-            os.sched_yield()  # let a peer on this core run (it is what we wait for)
+        now = time.monotonic_ns()
+        end, next_yield = now + min(spin_ns, int(timeout * 1e9)), now + SPIN_YIELD_EVERY_NS
+        while now < end:
             if found():
                 return True
+            now = time.monotonic_ns()
+            if now >= next_yield:  # let a peer on this core run (it may be what we wait for)
+                os.sched_yield()
+                next_yield = now + SPIN_YIELD_EVERY_NS
         if policy is WaitPolicy.SPIN:
             return False
     prepared: list[Waitable] = []

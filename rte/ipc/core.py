@@ -27,7 +27,7 @@ stops it. Each turn is a short numbered sequence:
 
 A wait that sleeps costs a post and a wake-up (~145 µs on a small VM), so the
 idle wait first spins, yielding the core, for as long as recent waits lasted
-(:class:`~shm.waiting.AdaptiveSpin`, at most a millisecond), and only while
+(:class:`~shm.waiting.AdaptiveSpin`, at most half a millisecond), and only while
 sessions are attached: a daemon without sessions never spins. Once awake it
 clears the starved marks, so clients do not post to a daemon that is not
 asleep. The paced wait naps until just before the tick, then spins, yielding.
@@ -68,7 +68,7 @@ from rte.serve import ServeLoop
 from rte.stages import StageModel
 from shm import Doorbell, Segment, Slab, WaitPolicy, wait_any
 from shm.fifo import FifoBell
-from shm.waiting import AdaptiveSpin, WaitTally
+from shm.waiting import SPIN_YIELD_EVERY_NS, AdaptiveSpin, WaitTally
 
 log = logging.getLogger("rte.daemon")
 SCAN_EVERY_S = 0.1
@@ -77,6 +77,7 @@ IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
 BEAT_EVERY_S = 0.001  # the heartbeat and the step and chunk counters are written this often
 IDLE_SPIN_FLOOR_NS = 50_000  # the idle wait spins at least this long while sessions are attached
 TICK_SPIN_YIELD_S = 0.00002  # the paced wait hands the pacer's own spin this little
+YIELD_EVERY_S = SPIN_YIELD_EVERY_NS / 1e9  # a spin yields the core this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,15 +308,19 @@ class DaemonCore:
 
     def _nap(self, stopping: threading.Event, seconds: float) -> bool:
         """The paced wait's sleep (see :meth:`rte.realtime.Pacer.wait`): sleep, then
-        spin to the end of the pacer's own spin yielding the core (its spin does
-        not), leaving it a few µs; True when stopping."""
+        spin to the end of the pacer's own spin yielding the core now and then
+        (its spin does not), leaving it a few µs; True when stopping."""
         if stopping.wait(seconds):
             return True
         pacer = self.loop.pacer
-        if pacer is not None:
+        if pacer is not None:  # (no yield in the last slice: it may cost a time slice)
             end = pacer.tick - TICK_SPIN_YIELD_S
-            while time.monotonic() < end:
-                os.sched_yield()
+            now = next_yield = time.monotonic()
+            while now < end:
+                if now >= next_yield and end - now > YIELD_EVERY_S:
+                    os.sched_yield()
+                    next_yield = now + YIELD_EVERY_S
+                now = time.monotonic()
         return False
 
     def _woken(self) -> bool:
