@@ -19,7 +19,8 @@ exercised by real tensor work of a world model's shape:
 * ENCODE ``encode_prompt``: a byte-level prompt encoder for the heavy
   ``prompt`` key.
 
-The random weights are the same in every process. Every tensor of state is
+The network, its random weights the same in every process, is
+:class:`~rte.models.world_net.WorldNet`; the model holds the rows. Every tensor of state is
 per row and lives on the device (row-indexed caches and prompts, per-row
 attention masks), so a session never sees another's data and a step issues the
 same few dozen launches whatever its batch size: the per-row numbers go up in
@@ -43,85 +44,31 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from rte.models.graphs import GraphSet, padded
 from rte.models.prompt_move import PromptMoveModel
 from rte.models.slab_copy import SlabCopy
 from rte.models.staging import Staging, to_device
+from rte.models.world_net import (
+    DIM,
+    GRID,
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    NOISE_STRIDE,
+    NOISE_TABLE,
+    PATCH,
+    PROMPT_BYTES,
+    TOKENS,
+    WorldNet,
+)
 from rte.stages import Batch
 from rte.state import ModelIdentity, RowState, digest_of
-
-GRID = 4
-TOKENS = GRID * GRID
-DIM = 64
-HEADS = 4
-HEAD_DIM = DIM // HEADS
-LAYERS = 2
-PROMPT_BYTES = 32
-PATCH = 8  # each token decodes to an 8x8 patch: frames are 32x32
-NOISE_TABLE = 2048  # Gaussian noise chunks; a row's chunk c takes entry base + c * stride
-NOISE_STRIDE = 7919
 
 
 def _seed(*parts: object) -> int:
     text = "/".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
-
-
-class _Block(nn.Module):
-    """Pre-norm attention over [the row's cache; this chunk], then an MLP. The
-    residual adds are fused into the output projections (``addmm``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(DIM)
-        self.qkv = nn.Linear(DIM, 3 * DIM)
-        self.proj = nn.Linear(DIM, DIM, bias=False)
-        self.norm2 = nn.LayerNorm(DIM)
-        self.up = nn.Linear(DIM, 2 * DIM)
-        self.down = nn.Linear(2 * DIM, DIM, bias=False)
-
-    def forward(
-        self, x: torch.Tensor, past: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x``: (B, T, DIM); ``past``: (B, 2, heads, cached tokens, head dim), keys
-        then values. Returns the new x and this chunk's keys and values, like ``past``."""
-        b, t, _ = x.shape
-        qkv = self.qkv(self.norm1(x)).view(b, t, 3, HEADS, HEAD_DIM)
-        q = qkv[:, :, 0].transpose(1, 2)
-        new = qkv[:, :, 1:].permute(0, 2, 3, 1, 4)  # (B, 2, heads, T, head dim): a view
-        kv = torch.cat([past, new], dim=3)  # keys and values in one copy
-        out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=mask)
-        flat = torch.addmm(
-            x.view(b * t, DIM), out.transpose(1, 2).reshape(b * t, DIM), self.proj.weight.t()
-        )
-        hidden = F.gelu(self.up(self.norm2(flat)))
-        return torch.addmm(flat, hidden, self.down.weight.t()).view(b, t, DIM), new
-
-
-class _Decoder(nn.Module):
-    """Each token of the 4x4 grid to an 8x8 RGB patch of the 32x32 frame: an MLP,
-    normalised per frame (rows never mix) and contrast-stretched into [0, 255].
-
-    Matrix products only, no convolution: oneDNN picks its convolution algorithm
-    by batch size, and a frame must decode the same solo and batched."""
-
-    contrast: torch.Tensor
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(DIM, 2 * DIM)
-        self.out = nn.Linear(2 * DIM, PATCH * PATCH * 3)
-        self.register_buffer("contrast", torch.full((TOKENS, PATCH * PATCH * 3), 1.5))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        b = tokens.shape[0]
-        raw = self.out(F.gelu(self.up(tokens)))  # (B, T, patch pixels)
-        normal = F.layer_norm(raw, raw.shape[1:], self.contrast, eps=1e-5)
-        rgb = (torch.sigmoid(normal) * 255.0).to(torch.uint8)
-        patches = rgb.view(b, GRID, GRID, PATCH, PATCH, 3).permute(0, 1, 3, 2, 4, 5)
-        return patches.reshape(b, GRID * PATCH, GRID * PATCH, 3)  # (B, 32, 32, 3)
 
 
 class TorchWorldModel(PromptMoveModel):
@@ -160,33 +107,8 @@ class TorchWorldModel(PromptMoveModel):
         self.window = window
         self.frame_shape = (GRID * PATCH, GRID * PATCH, 3)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(20261129)
-            self.blocks = nn.ModuleList(_Block() for _ in range(LAYERS))
-            self.position = nn.Parameter(torch.randn(TOKENS, DIM) * 0.1)
-            self.head = nn.Linear(DIM, DIM)
-            self.action = nn.Linear(2, DIM)
-            self.bytes = nn.Embedding(257, DIM)
-            self.prompt_proj = nn.Linear(DIM, DIM)
-            self.decoder = _Decoder()
-            noise = torch.randn(NOISE_TABLE, TOKENS, DIM)
-        self.modules_ = (
-            nn.ModuleDict(
-                {
-                    "blocks": self.blocks,
-                    "head": self.head,
-                    "action": self.action,
-                    "bytes": self.bytes,
-                    "prompt_proj": self.prompt_proj,
-                    "decoder": self.decoder,
-                }
-            )
-            .to(self.device)
-            .eval()
-        )
-        self.position.data = self.position.data.to(self.device)
-        self.offset = (self.position + self.action.bias).detach()  # every row's, added once
-        self.noise = noise.to(self.device)
+        self.net = WorldNet(self.device)  # the weights, and the noise HOT starts from
+        self.noise = self.net.noise  # (a lane-alone timing decodes its entries)
         # Per-row state lives on the device, one tensor each, row-indexed; the
         # host keeps only the bookkeeping that says where to write next.
         # (one more row than the arena: padded graph rows write there)
@@ -208,7 +130,7 @@ class TorchWorldModel(PromptMoveModel):
         self.batch_invariant = cuda if batch_invariant is None else batch_invariant
         sizes = sorted({self._size(n) for n in range(1, max_sessions + 1)})
         self.hot_graphs = GraphSet(self._hot_step, self._hot_statics, sizes)
-        self.decode_graphs = GraphSet(self.decoder, self._decode_statics, sizes)
+        self.decode_graphs = GraphSet(self.net.decoder, self._decode_statics, sizes)
         if self.graphs:  # at load: a capture synchronizes the device
             self.hot_graphs.capture()
             self.decode_graphs.capture()
@@ -234,10 +156,8 @@ class TorchWorldModel(PromptMoveModel):
 
     def state_identity(self) -> ModelIdentity:
         if self._identity is None:  # the weights, hashed once (on the host)
-            tensors = [t.detach().cpu().numpy() for t in self.modules_.state_dict().values()]
             config = (self.window, self.steps, TOKENS, DIM, LAYERS)
-            extra = (self.position.detach().cpu().numpy(), self.noise.cpu().numpy())
-            self._identity = ModelIdentity(self.name, digest_of(*config, *tensors, *extra))
+            self._identity = ModelIdentity(self.name, digest_of(*config, *self.net.hashed()))
         return self._identity
 
     @torch.inference_mode()
@@ -292,21 +212,9 @@ class TorchWorldModel(PromptMoveModel):
     def _hot(self, ints: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The next latent of each row, and the keys and values its cache takes."""
         rows = ints[:, 0]
-        moves = ints[:, 2:4].to(torch.float32)
         prompts = self.prompt.index_select(0, rows)
-        condition = torch.addmm(prompts, moves, self.action.weight.t())[:, None] + self.offset
         past = self.cache.index_select(0, rows).flatten(4, 5)  # (B, L, 2, H, W*T, D)
-        mask = mask[:, None, None, :]
-        x = self.noise.index_select(0, ints[:, 1])
-        new: list[torch.Tensor] = []
-        for _ in range(self.steps):
-            h = x + condition
-            new = []
-            for layer, block in enumerate(self.blocks):
-                h, kv = block(h, past[:, layer], mask)
-                new.append(kv)
-            x = x.sub(torch.tanh(self.head(h)), alpha=0.5)
-        return x, torch.stack(new, dim=1)  # the last pass's keys and values
+        return self.net.denoise(ints, mask, prompts, past, self.steps)
 
     def _write_cache(self, ints: torch.Tensor, kv: torch.Tensor) -> None:
         self.cache[ints[:, 0], :, :, :, ints[:, 4]] = kv  # one write, every row's slot
@@ -361,9 +269,9 @@ class TorchWorldModel(PromptMoveModel):
             statics[0][:n].copy_(latent)
             frames = self.decode_graphs.replay(size)[:n]
         elif size > n:  # the rows past the batch decode zeros, as a graph's would
-            frames = self.decoder(F.pad(latent, (0, 0, 0, 0, 0, size - n)))[:n]
+            frames = self.net.decoder(F.pad(latent, (0, 0, 0, 0, 0, size - n)))[:n]
         else:
-            frames = self.decoder(latent)
+            frames = self.net.decoder(latent)
         self.out.write(batch, frames)
 
     @torch.inference_mode()
@@ -385,11 +293,4 @@ class TorchWorldModel(PromptMoveModel):
             ids[i, 0] = row
             ids[i, 1 : 1 + len(raw)] = raw.astype(np.int64) + 1
         tokens = to_device(ids, self.device)
-        used = tokens[:, 1:] > 0
-        lengths = used.sum(dim=1, keepdim=True).clamp(min=1)
-        embedded = (self.bytes(tokens[:, 1:]) * used[..., None]).sum(dim=1) / lengths
-        # a product and a sum per row, not a matmul: BLAS takes another path for one
-        # row than for several, and a prompt must embed the same solo and batched
-        weight, bias = self.prompt_proj.weight, self.prompt_proj.bias
-        projected = torch.tanh((embedded[:, None, :] * weight).sum(dim=-1) + bias)
-        self.prompt.index_copy_(0, tokens[:, 0], projected)
+        self.prompt.index_copy_(0, tokens[:, 0], self.net.embed_prompts(tokens[:, 1:]))
