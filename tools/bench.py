@@ -25,6 +25,7 @@ from tools import (
     bench_e2e,
     bench_engine,
     bench_inputs,
+    bench_ray,
     bench_realtime,
     bench_scale,
     bench_transport,
@@ -40,7 +41,7 @@ from tools.report import (
 )
 
 SIZES = [1, 8, 64]
-SUITES = ["engine", "e2e", "transport", "scale", "realtime", "video", "all"]
+SUITES = ["engine", "e2e", "transport", "scale", "realtime", "video", "ray", "all"]
 QUICK_WINDOWS = 2
 
 
@@ -76,6 +77,8 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
         )
     if suite == "video":  # not in "all": it needs Chromium (tools/install_browser.sh)
         results["video"] = bench_video.run(bench_video.QUICK if quick else bench_video.Plan())
+    if suite == "ray":  # not in "all": the ray extra, a 3-node local cluster
+        results["ray"] = bench_ray.run(n_windows, 10 if quick else 50)
     return results
 
 
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     tables["scale"] = bench_scale.TABLES
     tables["realtime"] = bench_realtime.TABLES
     tables["video"] = bench_video.TABLES
+    tables["ray"] = bench_ray.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])
 

@@ -26,8 +26,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(  # the checkout's tools/bench.py knows its suites and checks the name
         "--suite",
         default="all",
-        help="engine, e2e, transport, scale, realtime, video (needs Chromium) "
-        "or all (default: every suite but video)",
+        help="engine, e2e, transport, scale, realtime, video (needs Chromium), ray "
+        "(needs the ray extra) or all (default: every suite but video and ray)",
     )
     p.add_argument(
         "--windows", type=int, help="repeat each measurement this many times (default 5)"
