@@ -60,6 +60,12 @@ class LoopClient:
     def detach(self, session: str, **kw: Any) -> None:
         self._run(self.client.detach(session, **kw))
 
+    def suspend(self, session: str, **kw: Any) -> None:
+        self._run(self.client.suspend(session, **kw))
+
+    def resume(self, session: str, **kw: Any) -> None:
+        self._run(self.client.resume(session, **kw))
+
     def loan(self, shape: tuple[int, ...], dtype: Any, **kw: Any) -> InputLoan:
         return self._run(self.client.loan(shape, dtype, **kw))
 

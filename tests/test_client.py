@@ -12,6 +12,7 @@ death), in test_pool.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -347,3 +348,94 @@ def test_a_large_input_reaches_the_engine_by_value_or_by_loan(engine: Engines) -
         client.attach("b", {"frame": np.zeros((h + 1, w, 3), np.uint8)})
     assert client.sessions == {"a"}
     assert take(client, "a", 2)
+
+
+def _frames_until(
+    client: EngineClient, last: dict[str, int], *watch: str
+) -> dict[str, dict[int, Any]]:
+    """The frames by chunk index of the sessions of ``last`` (until each has chunk
+    ``last[session]``) and of ``watch``."""
+    got: dict[str, dict[int, Any]] = {s: {} for s in (*last, *watch)}
+    limit = Deadline(what="the sessions' frames")
+    while any(last[s] not in got[s] for s in last):
+        limit.check({s: sorted(v) for s, v in got.items()})
+        chunk = client.poll(timeout=1.0)
+        if chunk is None:
+            continue
+        with chunk:
+            if chunk.session in got:
+                assert chunk.chunk not in got[chunk.session], "a chunk came twice"
+                got[chunk.session][chunk.chunk] = chunk.latent.copy()
+    return got
+
+
+def test_suspend_then_resume_goes_on_bit_identical_to_a_twin(engine: Engines) -> None:
+    """A suspended session's row is freed and no chunk of it comes; resumed, it goes
+    on at its next chunk index with no gap or repeat, its frames those of a twin
+    that was never suspended (the same session id, on an engine of its own)."""
+    with InProcessClient(ComposedEngine(load_model("reference", max_sessions=1))) as alone:
+        alone.attach("a", {"prompt": "forest"})
+        twin = _frames_until(alone, {"a": 10})["a"]
+    client = engine.client()
+    client.attach("a", {"prompt": "forest"}, credits=1)
+    before = _frames_until(client, {"a": 2})["a"]
+    client.suspend("a")
+    assert client.sessions == {"a"}  # still its client's
+    client.suspend("a")  # again: it stays suspended
+    for i in range(ROWS - 1):  # its row is free (a daemon's client holds ROWS sessions)
+        client.attach(f"other{i}")
+    while_parked = _frames_until(client, {"other0": 3}, "a")["a"]
+    assert len(set(while_parked) - set(before)) <= 1, "only its in-flight chunk may come"
+    client.detach("other0")
+    client.resume("a")
+    frames = {**before, **while_parked, **_frames_until(client, {"a": 10})["a"]}
+    assert sorted(frames) == list(range(11)), "a gap in its chunk indices"
+    for index, frame in frames.items():
+        np.testing.assert_array_equal(frame, twin[index], err_msg=f"chunk {index}")
+
+
+def test_suspend_and_resume_refusals_raise_and_change_nothing(engine: Engines) -> None:
+    client = engine.client()
+    with pytest.raises(RequestError, match="ghost"):
+        client.suspend("ghost")
+    client.attach("a")
+    with pytest.raises(RequestError, match="not suspended"):
+        client.resume("a")
+    assert indices(take(client, "a", 2)) == [0, 1]
+    client.suspend("a")
+    if engine.form.endswith("inprocess"):  # (a daemon's client holds at most ROWS sessions)
+        for i in range(ROWS):
+            client.attach(f"s{i}")
+        with pytest.raises(AdmissionError, match="stays suspended"):
+            client.resume("a")  # no row free: it stays parked
+        client.detach("s0")
+    client.resume("a")
+    got = indices(take(client, "a", 2))
+    assert got == list(range(got[0], got[0] + 2)) and got[0] >= 2
+
+
+def test_attach_with_wait_asks_again_until_room_or_the_wait_ends(engine: Engines) -> None:
+    """At capacity, ``attach(wait=)`` ends in the AdmissionError once the wait has
+    passed, and nothing is attached. On the asyncio form the waiting attach yields
+    to its loop: another task's detach there makes the room it then takes."""
+    client = engine.client()
+    for i in range(ROWS):
+        client.attach(f"s{i}")
+    with pytest.raises(AdmissionError, match="rows are in use"):
+        client.attach("late", wait=0.2)
+    assert "late" not in client.sessions
+    with pytest.raises(RequestError, match="wait"):
+        client.attach("late", wait=-1)
+    if isinstance(client, LoopClient):
+        aio = client.client
+
+        async def detach_later() -> None:
+            await asyncio.sleep(0.3)  # the attach below is refused, waiting, meanwhile
+            await aio.detach("s0")
+
+        async def both() -> None:
+            await asyncio.gather(aio.attach("late", wait=20.0), detach_later())
+
+        client.loop.run_until_complete(asyncio.wait_for(both(), 30))
+        assert "late" in client.sessions and "s0" not in client.sessions
+        assert indices(take(client, "late", 2)) == [0, 1]

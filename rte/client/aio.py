@@ -40,11 +40,11 @@ from typing import Any, TypeVar
 
 from rte.client import arguments
 from rte.client.batch import ChunkBatch
-from rte.client.core import Call, Chunk, ClientCore
+from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice
-from rte.errors import ClientClosedError, RequestTimeout
+from rte.errors import AdmissionError, ClientClosedError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
 
@@ -99,11 +99,33 @@ class AsyncClient:
         credits: int = 0,
         timeout: float = 5.0,
         priority: int = DEFAULT_PRIORITY,
+        wait: float = 0.0,
     ) -> None:
-        """As :meth:`EngineClient.attach`."""
+        """As :meth:`EngineClient.attach`; ``wait`` retries yield to the loop."""
+        timeout, wait = arguments.timeout(timeout), arguments.timeout(wait, "wait")
+        retry = AdmissionRetry(wait)
+        while True:
+            self._check_open()
+            request = self._core.attach(session, conditioning, credits, priority)
+            try:
+                await self._call(request, timeout)
+                return
+            except AdmissionError as refusal:
+                await asyncio.sleep(retry.pause(refusal))
+
+    async def suspend(self, session: str, *, timeout: float = 5.0) -> None:
+        """As :meth:`EngineClient.suspend`."""
+        request = self._core.suspend(session)
         timeout = arguments.timeout(timeout)
         self._check_open()
-        await self._call(self._core.attach(session, conditioning, credits, priority), timeout)
+        await self._call(request, timeout)
+
+    async def resume(self, session: str, *, timeout: float = 5.0) -> None:
+        """As :meth:`EngineClient.resume`."""
+        request = self._core.resume(session)
+        timeout = arguments.timeout(timeout)
+        self._check_open()
+        await self._call(request, timeout)
 
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0

@@ -24,7 +24,7 @@ from typing import Any
 
 from rte.client import arguments
 from rte.client.batch import ChunkBatch
-from rte.client.core import Call, Chunk, ClientCore
+from rte.client.core import ADMISSION_RETRY_S, AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice
@@ -32,24 +32,19 @@ from rte.errors import AdmissionError
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
 
-ADMISSION_RETRY_S = 0.05  # how often attach(wait=...) asks again
-
 __all__ = ["ADMISSION_RETRY_S", "Chunk", "EngineClient", "until_admitted"]
 
 
 def until_admitted(attempt: Callable[[], object], wait: float) -> None:
     """``attempt()`` an attach, again every :data:`ADMISSION_RETRY_S` while it raises
     AdmissionError, for up to ``wait`` seconds (then that AdmissionError)."""
-    deadline = time.monotonic() + wait
+    retry = AdmissionRetry(wait)
     while True:
         try:
             attempt()
             return
-        except AdmissionError:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise
-            time.sleep(min(ADMISSION_RETRY_S, left))
+        except AdmissionError as refusal:
+            time.sleep(retry.pause(refusal))
 
 
 class EngineClient:
@@ -101,6 +96,19 @@ class EngineClient:
             lambda: self._call(core.attach(session, conditioning, credits, priority), timeout),
             wait,
         )
+
+    def suspend(self, session: str, *, timeout: float = 5.0) -> None:
+        """Park a session: its row is freed, its state kept in the engine's host
+        memory, its id still this client's; no chunk comes until :meth:`resume`.
+        AdmissionError past the host's park budget (it stays attached, streaming),
+        RequestError for a model that exports no state or a session not attached."""
+        self._call(self._core.suspend(session), arguments.timeout(timeout))
+
+    def resume(self, session: str, *, timeout: float = 5.0) -> None:
+        """Bring a suspended session back: it goes on at its next chunk index, its
+        frames those of a session never suspended. AdmissionError while no row is
+        free (it stays parked: retry), RequestError for one not suspended."""
+        self._call(self._core.resume(session), arguments.timeout(timeout))
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """Send an action; it applies at the session's next step. Does not wait

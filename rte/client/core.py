@@ -8,7 +8,8 @@ The one place of a client's behaviour, whatever its transport
 - **requests**: checks a call's arguments (:mod:`rte.client.arguments`) and
   numbers its request (never 0: that answers nothing);
 - **answers**: a waiting call notes which notices end it (:meth:`ClientCore.expect`);
-  the engine answers ATTACH, RESET and DETACH with notices that carry their seq,
+  the engine answers ATTACH, RESET, DETACH, SUSPEND and RESUME with notices that
+  carry their seq,
   and the call returns or raises on its final one (:meth:`ClientCore.answer`);
 - **sorting**: what a transport received goes to the batch queue, to the
   answers, or to the notices nobody waits for (an action refused, an idle
@@ -34,6 +35,7 @@ would see. A caller whose other tasks release while it sleeps (asyncio) sets
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,16 +46,36 @@ from rte.client.batch import ChunkBatch
 from rte.client.transport import Arrival, Gone
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
-from rte.protocol.requests import Act, Attach, Detach, Reset
+from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Suspend
 
-Call = Attach | Reset | Detach  # the requests a caller waits on
+Call = Attach | Reset | Detach | Suspend | Resume  # the requests a caller waits on
 GiveBack = Callable[[ChunkBatch, np.ndarray[Any, Any]], None]
+ADMISSION_RETRY_S = 0.05  # how often attach(wait=...) asks again
 
 _FINAL = {  # the notices that answer each waiting call
     Attach: frozenset({NoticeKind.ATTACHED, NoticeKind.REJECTED, NoticeKind.ERROR}),
     Reset: frozenset({NoticeKind.ATTACHED, NoticeKind.REJECTED, NoticeKind.ERROR}),
     Detach: frozenset({NoticeKind.DETACHED, NoticeKind.ERROR}),
+    Suspend: frozenset({NoticeKind.SUSPENDED, NoticeKind.REJECTED, NoticeKind.ERROR}),
+    Resume: frozenset({NoticeKind.RESUMED, NoticeKind.REJECTED, NoticeKind.ERROR}),
 }
+
+
+class AdmissionRetry:
+    """``attach(wait=...)``'s schedule, the same for the client that sleeps and the
+    one that awaits: ask again every :data:`ADMISSION_RETRY_S` while refused for
+    capacity, until ``wait`` seconds have passed."""
+
+    def __init__(self, wait: float) -> None:
+        self._deadline = time.monotonic() + wait
+
+    def pause(self, refusal: AdmissionError) -> float:
+        """Seconds to pause before the next attempt; ``refusal`` itself once the
+        wait has passed."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise refusal
+        return min(ADMISSION_RETRY_S, left)
 
 
 class Chunk:
@@ -187,6 +209,16 @@ class ClientCore:
         session = arguments.session(session)
         self.check_open()
         return Detach(session, seq=self.next_seq())
+
+    def suspend(self, session: str) -> Suspend:
+        session = arguments.session(session)
+        self.check_open()
+        return Suspend(session, self.next_seq())
+
+    def resume(self, session: str) -> Resume:
+        session = arguments.session(session)
+        self.check_open()
+        return Resume(session, self.next_seq())
 
     def check_open(self) -> None:
         if self.closed:

@@ -8,7 +8,7 @@ batch) or notice. No copy is made: a batch's latents are the block the engine
 wrote the step's chunks into (made read-only).
 
 Backpressure, as in the daemon: each session may have at most its ``credits``
-chunks emitted and not released (default :data:`rte.serve.DEFAULT_CREDITS`),
+chunks emitted and not released (default :data:`rte.protocol.requests.DEFAULT_CREDITS`),
 and the client at most ``quota`` in all; a session past either is not due, so
 a caller that stops reading stalls its sessions instead of growing memory.
 Releasing wakes the loop only when it waits for this client. Requests are held
@@ -23,6 +23,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ class InProcessTransport(Transport):
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, not {admission!r}")
         self.ledger = _Ledger(quota, credits)
         self._inbox: queue.Queue[Request | Stop | Wake] = queue.Queue(INBOX_LIMIT)
-        self._outbox: queue.Queue[_Step | Notice] = queue.Queue()
+        self._outbox = _Outbox(self.ledger.sent, self._rouse)  # the loop's side
         self._early: list[_Step | Notice] = []  # what a wait took out of the outbox
         self._sleeping = False  # an event loop waits on _wakes for the outbox
         self._wakes = -1  # an eventfd, made when an event loop first waits (rte.client.aio)
@@ -161,7 +162,7 @@ class InProcessTransport(Transport):
             default_serve(
                 self.engine,
                 self._inbox,
-                _Outbox(self),
+                self._outbox,
                 pace_hz=pace_hz,
                 due=self.ledger.due,
                 admission=admission,
@@ -195,7 +196,7 @@ class InProcessTransport(Transport):
         items, self._early = self._early, []
         try:
             while True:
-                items.append(self._outbox.get_nowait())
+                items.append(self._outbox.queue.get_nowait())
         except queue.Empty:
             pass
         if not items:
@@ -211,9 +212,9 @@ class InProcessTransport(Transport):
             try:  # in slices, so that a loop that ended is noticed within one
                 wait = min(deadline - time.monotonic(), LIVENESS_EVERY_S)
                 if wait > 0:
-                    self._early.append(self._outbox.get(timeout=wait))
+                    self._early.append(self._outbox.queue.get(timeout=wait))
                 else:
-                    self._early.append(self._outbox.get_nowait())
+                    self._early.append(self._outbox.queue.get_nowait())
                 return True
             except queue.Empty:
                 self._check_alive()
@@ -256,7 +257,7 @@ class InProcessTransport(Transport):
 
     def arm(self) -> bool:
         with self.ledger.lock:  # the loop thread puts, then reads the flag under this lock
-            if self._early or not self._outbox.empty() or not self.thread.is_alive():
+            if self._early or not self._outbox.queue.empty() or not self.thread.is_alive():
                 return True
             self._sleeping = True
             return False
@@ -362,18 +363,23 @@ def _one_block(latents: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | No
 
 
 class _Outbox:
-    """The loop's outbox: a step's chunks go out as one item, after the
-    notices that came before them, and are counted against credit and quota."""
+    """The loop's outbox, owned by its transport: a step's chunks go out as one
+    item, after the notices that came before them, counted against credit and
+    quota (``sent``); then ``rouse`` wakes an event loop that sleeps on them."""
 
-    def __init__(self, transport: InProcessTransport) -> None:
-        self.transport = transport
-        self.queue = transport._outbox
-        self.sent = transport.ledger.sent
+    def __init__(
+        self,
+        sent: Callable[[list[StepResult | Notice]], list[_Step | Notice]],
+        rouse: Callable[[], None],
+    ) -> None:
+        self.queue: queue.Queue[_Step | Notice] = queue.Queue()  # read by the transport
+        self._sent = sent
+        self._rouse = rouse
 
     def put(self, item: Any) -> None:
         self.put_many([item])
 
     def put_many(self, items: list[StepResult | Notice]) -> None:
-        for item in self.sent(items):
+        for item in self._sent(items):
             self.queue.put(item)
-        self.transport._rouse()
+        self._rouse()
