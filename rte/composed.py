@@ -7,6 +7,7 @@ A model is a :class:`~rte.stages.StageModel`: a manifest, lane-tagged
 * **Arena.** ``max_sessions`` fixed rows (:mod:`rte.arena`); attach takes the lowest free.
 * **Arming.** New rows wait as pending until ``seed_ready(pending)``; then
   ``seed`` runs once for the whole pending set on HOT, at a step boundary.
+  Who holds a row, and every way in and out of one, is :mod:`rte.membership`.
 * **Pipelining.** With ``pipeline_depth_chunks == 2``, DEFERRED decodes chunk
   N-1 while HOT makes chunk N (:mod:`rte.pipeline`): the first step emits
   nothing. In-flight output is held per HOT batch (:class:`~rte.output.InFlight`),
@@ -37,21 +38,21 @@ Every method is called from one thread, the stepping thread.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rte.arena import Arena, Row
+from rte.arena import Arena
 from rte.contract import Action, Manifest, StepResult
 from rte.encodes import Encodes
-from rte.errors import AdmissionError, EngineClosedError, EngineFault, RequestError
+from rte.errors import EngineClosedError, EngineFault, RequestError
 from rte.lanes import Lane, Lanes, make_lanes
+from rte.membership import Membership
 from rte.outcomes import emitted_by_row, report_failed, step_results
 from rte.output import HeapAllocator, OutputAllocator
 from rte.pipeline import HostShare, Pipeline
-from rte.stages import StageModel, check_conditioning, check_session_id, check_stages
+from rte.stages import StageModel, check_conditioning, check_stages
 from rte.state import SessionState
 from rte.suspension import Suspension
 
@@ -89,7 +90,6 @@ class ComposedEngine:
         self._encode = [s for s in stages if s.lane is Lane.ENCODE]
         self._heavy = model.heavy_keys()
         self._keys = model.conditioning_keys()
-        self._midrun_attach = midrun_attach
         device = str(getattr(model, "device", "cpu"))
         self.lanes = lanes if isinstance(lanes, Lanes) else make_lanes(lanes, device)
         allocator = allocator or self.lanes.output_allocator(self._manifest)
@@ -105,6 +105,14 @@ class ComposedEngine:
         self._quiet = True  # no row pending, encoding or with a heavy change staged
         self._closed = False
         self._encodes = Encodes(self.lanes, self._encode, self._arena.batch)
+        self._membership = Membership(
+            model,
+            self.lanes,
+            self._arena,
+            self._pipeline,
+            self._encodes,
+            midrun_attach=midrun_attach,
+        )
         self._suspension = Suspension(model, self.lanes, self._arena, self._pipeline)
 
     # -- Level 1 ----------------------------------------------------------
@@ -117,7 +125,7 @@ class ComposedEngine:
         arena = self._arena
         if session in arena.by_session:
             return
-        free = self._admit(session)
+        free = self._membership.admit(session)
         check_conditioning(self._model, self._keys, conditioning or {})
         arena.failed.pop(session, None)  # failed and not detached: it starts again
         arena.take(free, session, copy.deepcopy(dict(conditioning or {})))
@@ -134,8 +142,8 @@ class ComposedEngine:
         started = time.monotonic_ns()
         try:
             if not self._quiet:
-                self._arm()
-                self._settle_encodes()
+                self._membership.arm()
+                self._membership.settle_encodes()
                 if arena.failed:  # a row whose own seed or encode failed this step left
                     rows = [r for r in rows if r.session not in arena.failed]
                 if self._encodes.start(rows):
@@ -170,23 +178,7 @@ class ComposedEngine:
         if self._arena.failed.pop(session, None) is not None:  # its row went when it failed
             self._arena.gen += 1  # a plan that named it is stale: it is unknown from now on
             return
-        row = self._arena.lookup(session)
-        if row.armed:
-            # No lane is waited for: the model forgets the row on HOT, after the HOT
-            # work queued for it; DEFERRED reads only batches' carries, never rows. Only
-            # an encode under way rewrites the row: its host side must have issued it
-            # (a rare wait, for that encode alone) before HOT may forget the row.
-            if row.encoding is not None and not row.encoding.done():
-                with contextlib.suppress(Exception):  # the row is leaving: its failure too
-                    row.encoding.result()
-            try:
-                self.lanes.run(Lane.HOT, self._model.detach, row.index)
-            except BaseException:
-                # The session stays attached (the model may still hold it); the
-                # other rows' in-flight chunks are sound and are kept.
-                self._pipeline.drain(quiet=True)
-                raise
-        self._free(row)
+        self._membership.leave(self._arena.lookup(session))
 
     # -- a session's state out and back in (rte.suspension) ------------------
 
@@ -203,10 +195,10 @@ class ComposedEngine:
         self._check_open()
         row = self._arena.lookup(session)
         self._suspension.check(session)
-        self._settle_encodes(row)  # its encode under way, waited for
+        self._membership.settle_encodes(row)  # its encode under way, waited for
         self._arena.lookup(session)  # (its own failure: it left, saying why)
         state = self._suspension.take_out(row)
-        self._free(row)
+        self._membership.free(row)
         return state
 
     def resume(self, session: str, state: SessionState) -> None:
@@ -220,7 +212,7 @@ class ComposedEngine:
                 f"session {session!r} cannot resume: it is attached to this engine; "
                 "suspend or detach it first"
             )
-        free = self._admit(session)
+        free = self._membership.admit(session)
         self._suspension.put_back(free, session, state)
         self._arena.failed.pop(session, None)
         self._quiet = False
@@ -266,74 +258,6 @@ class ComposedEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- admission, arming, encodes and a session's own failure --------------
-
-    def _admit(self, session: str) -> int:
-        """The row a new session (attached or resumed) takes; AdmissionError if none."""
-        arena = self._arena
-        if not self._midrun_attach and any(r.armed for r in arena.by_session.values()):
-            raise AdmissionError(
-                f"session {session!r} refused: this engine admits no arrivals while a cohort "
-                "runs (midrun_attach=False); retry once every session has detached"
-            )
-        free = arena.first_free()
-        if free is None:
-            raise AdmissionError(
-                f"session {session!r} refused: all {len(arena.rows)} rows are in use; "
-                "detach a session or retry later"
-            )
-        check_session_id(session)
-        return free
-
-    def _arm(self) -> None:
-        pending = [r for r in self._arena.live() if not r.armed]
-        if not pending or not self._model.seed_ready([r.index for r in pending]):
-            return
-        self._arena.gen += 1
-        failure = self._seed(pending)
-        if failure is None:
-            return
-        # Whose was it? Seeded each alone, only a row whose own seed fails is failed.
-        alone = [(r, self._seed([r])) for r in pending] if len(pending) > 1 else []
-        for r, exc in alone or [(pending[0], failure)]:
-            if exc is not None:
-                self._drop_failed(r, f"its seed failed: {type(exc).__name__}: {exc}")
-
-    def _seed(self, rows: list[Row]) -> Exception | None:
-        """Seed ``rows`` on HOT and arm them; what the seed raised, if it failed."""
-        try:
-            conditioning = [r.conditioning for r in rows]
-            self.lanes.run(Lane.HOT, self._model.seed, self._arena.batch(rows, conditioning))
-        except Exception as exc:
-            return exc
-        for r in rows:
-            r.armed = True
-        return None
-
-    def _settle_encodes(self, row: Row | None = None) -> None:
-        """Settle the completed encodes (``row``: wait for its own first)."""
-        encodes = self._encodes
-        settled, failed = encodes.finish(row) if row else encodes.settle(self._arena.live())
-        if settled:
-            self._arena.gen += 1
-            self._arena.conditioning_gen += 1
-        for failed_row, why in failed:
-            self._drop_failed(failed_row, why)
-
-    def _drop_failed(self, row: Row, why: str) -> None:
-        """Free ``row``, whose own seed or encode failed (FAILED until it is detached);
-        an armed row the model forgets on HOT, after whatever ENCODE did to it."""
-        if row.armed:
-            self.lanes.wait(Lane.HOT, self.lanes.mark(Lane.ENCODE))
-            self.lanes.run(Lane.HOT, self._model.detach, row.index)
-        self._free(row)
-        self._arena.failed[row.session] = f"session {row.session!r} failed, its row freed: {why}"
-
-    def _free(self, row: Row) -> None:
-        self._arena.release(row)
-        self._pipeline.output.drop(row.index)  # its in-flight chunk goes with it
-        self._encodes.forget(row)
 
     # -- actions ----------------------------------------------------------------
 
