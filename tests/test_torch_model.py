@@ -323,3 +323,11 @@ def test_cuda_graphs_give_the_eager_frames_and_the_step_never_syncs() -> None:
     assert eager.keys() == graphed.keys()
     for key, frame in eager.items():
         assert np.abs(frame.astype(int) - graphed[key].astype(int)).max() <= 2, key
+
+
+def test_the_state_digest_is_the_weights_it_always_was() -> None:
+    """States saved before the network became its own module (rte.models.world_net)
+    still resume: the same weights, drawn in the same order, hashed in the same order."""
+    identity = TorchWorldModel(2, device="cpu").state_identity()
+    assert identity.name == "torch" and identity.version == 1
+    assert identity.digest == "cf2e26e9e8fe4d3cdac05d843b231153"
