@@ -439,3 +439,38 @@ def test_attach_with_wait_asks_again_until_room_or_the_wait_ends(engine: Engines
         client.loop.run_until_complete(asyncio.wait_for(both(), 30))
         assert "late" in client.sessions and "s0" not in client.sessions
         assert indices(take(client, "late", 2)) == [0, 1]
+
+
+def _state_after(chunks: int) -> tuple[Any, dict[int, Any]]:
+    """Session ``a`` of an engine of this process, suspended after ``chunks`` steps:
+    its state and the frames it emitted."""
+    frames: dict[int, Any] = {}
+    with ComposedEngine(load_model("reference", max_sessions=1)) as elsewhere:
+        elsewhere.attach("a", {"prompt": "forest"})
+        for _ in range(chunks):
+            frames.update({r.chunk: np.array(r.latent) for r in elsewhere.step(["a"])})
+        return elsewhere.suspend("a"), frames
+
+
+def test_a_session_moves_in_with_its_state_and_goes_on_as_its_twin(engine: Engines) -> None:
+    """``attach(s, state=)`` takes a session suspended elsewhere: its chunk indices go
+    on without a gap or a repeat, its frames the twin's; a state of another id, or
+    with conditioning beside it, or of another model, is refused, nothing attached."""
+    with InProcessClient(ComposedEngine(load_model("reference", max_sessions=1))) as alone:
+        alone.attach("a", {"prompt": "forest"})
+        twin = _frames_until(alone, {"a": 9})["a"]
+    state, before = _state_after(4)
+    client = engine.client()
+    with pytest.raises(RequestError, match="under its own id"):
+        client.attach("b", state=state)
+    with pytest.raises(RequestError, match="takes no conditioning"):
+        client.attach("a", {"prompt": "x"}, state=state)
+    other = engine.client("null")
+    with pytest.raises(RequestError, match="StateError"):
+        other.attach("a", state=state)  # the null model's engine refuses a reference state
+    assert "a" not in other.sessions
+    client.attach("a", state=state)
+    after = _frames_until(client, {"a": 9})["a"]
+    assert min(after) == max(before) + 1, "a gap or a repeat where it moved"
+    for index, frame in {**before, **after}.items():
+        np.testing.assert_array_equal(frame, twin[index], err_msg=f"chunk {index}")

@@ -47,6 +47,7 @@ from rte.contract import Manifest, Notice
 from rte.errors import AdmissionError, ClientClosedError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
+from rte.state import SessionState
 
 T = TypeVar("T")
 CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often
@@ -100,13 +101,14 @@ class AsyncClient:
         timeout: float = 5.0,
         priority: int = DEFAULT_PRIORITY,
         wait: float = 0.0,
+        state: SessionState | None = None,
     ) -> None:
         """As :meth:`EngineClient.attach`; ``wait`` retries yield to the loop."""
         timeout, wait = arguments.timeout(timeout), arguments.timeout(wait, "wait")
         retry = AdmissionRetry(wait)
         while True:
             self._check_open()
-            request = self._core.attach(session, conditioning, credits, priority)
+            request = self._core.attach(session, conditioning, credits, priority, state)
             try:
                 await self._call(request, timeout)
                 return

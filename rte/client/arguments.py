@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from rte.errors import RequestError
 from rte.protocol.wire import checked_credits, session_bytes
+from rte.state import SessionState
 
 MAX_TIMEOUT_S = 1e6  # about eleven days: every wait below can count it in nanoseconds
 
@@ -55,3 +56,21 @@ def timeout(value: object, name: str = "timeout") -> float:
     if not 0 <= seconds <= MAX_TIMEOUT_S:  # (nan is neither)
         raise RequestError(f"{name} {value!r}: must be 0 to {MAX_TIMEOUT_S:g} seconds")
     return seconds
+
+
+def moved_state(session: str, state: object, conditioning: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An attach's ``state=``: a SessionState of this session, with no conditioning
+    beside it (the state carries its own); RequestError otherwise."""
+    if not isinstance(state, SessionState):
+        raise RequestError(f"state must be a SessionState (client.export's), not {state!r}")
+    if state.session != session:
+        raise RequestError(
+            f"the state of session {state.session!r} cannot attach as {session!r}: "
+            "attach it under its own id"
+        )
+    if conditioning:
+        raise RequestError(
+            f"attach {session!r} with a state takes no conditioning: the state carries its "
+            "own; act after it attaches"
+        )
+    return conditioning

@@ -31,6 +31,7 @@ from rte.contract import Manifest, Notice
 from rte.errors import AdmissionError
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
+from rte.state import SessionState
 
 __all__ = ["ADMISSION_RETRY_S", "Chunk", "EngineClient", "until_admitted"]
 
@@ -76,6 +77,7 @@ class EngineClient:
         timeout: float = 5.0,
         priority: int = DEFAULT_PRIORITY,
         wait: float = 0.0,
+        state: SessionState | None = None,
     ) -> None:
         """Attach a session. AdmissionError at capacity (rows, or the sessions a paced
         engine holds in real time), RequestError if refused, RequestTimeout
@@ -89,11 +91,18 @@ class EngineClient:
         lowest class present is stepped at a reduced rate first.
         ``wait``: seconds to keep asking while the engine is at capacity (the
         AdmissionError comes once they have passed).
+        ``state``: move the session in with a state exported or checkpointed
+        elsewhere (a :class:`~rte.SessionState` of this id; no ``conditioning``: it
+        carries its own): it goes on at its next chunk index, its frames those
+        of a session never moved. Its bytes travel as a large input (through a
+        daemon's input slab); RequestError for a state of another model or version.
         """
         core = self._core
         timeout, wait = arguments.timeout(timeout), arguments.timeout(wait, "wait")
         until_admitted(
-            lambda: self._call(core.attach(session, conditioning, credits, priority), timeout),
+            lambda: self._call(
+                core.attach(session, conditioning, credits, priority, state), timeout
+            ),
             wait,
         )
 

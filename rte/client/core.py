@@ -46,7 +46,8 @@ from rte.client.batch import ChunkBatch
 from rte.client.transport import Arrival, Gone
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
-from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Suspend
+from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Suspend, with_state
+from rte.state import SessionState
 
 Call = Attach | Reset | Detach | Suspend | Resume  # the requests a caller waits on
 GiveBack = Callable[[ChunkBatch, np.ndarray[Any, Any]], None]
@@ -185,11 +186,18 @@ class ClientCore:
         return self._seq
 
     def attach(
-        self, session: str, conditioning: Mapping[str, Any] | None, credits: int, priority: int
+        self,
+        session: str,
+        conditioning: Mapping[str, Any] | None,
+        credits: int,
+        priority: int,
+        state: SessionState | None = None,
     ) -> Attach:
-        """The checked, numbered request of an attach."""
+        """The checked, numbered request of an attach (moving in with ``state``)."""
         session, credits = arguments.session(session), arguments.credits(credits)
         cond = dict(arguments.conditioning(conditioning, "attach") or {})
+        if state is not None:
+            cond = with_state(arguments.moved_state(session, state, cond), state)
         self.check_open()
         return Attach(session, cond, self.next_seq(), credits, priority)
 

@@ -12,8 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rte.contract import Action
 from rte.overload import DEFAULT_PRIORITY
+from rte.state import SessionState
+
+# an attach's conditioning key for the state a session moves in with (its bytes as
+# a uint8 array: a large input, so a daemon's input slab carries it, not the ring)
+STATE_KEY = "rte.state"
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,8 @@ class Attach:
     (emitted and not yet released); 0 takes the host's default. The loop
     itself does not count them: its host picks the due sessions.
     ``priority``: its class under overload, 0 (highest) to 3 (see :mod:`rte.overload`).
+    A conditioning with :data:`STATE_KEY` moves the session in with that state
+    (exported or checkpointed elsewhere): it goes on at its next chunk index.
     """
 
     session: str
@@ -31,6 +40,20 @@ class Attach:
     seq: int = 0
     credits: int = 0
     priority: int = DEFAULT_PRIORITY
+
+
+def with_state(conditioning: Mapping[str, Any], state: SessionState) -> dict[str, Any]:
+    """An attach's conditioning that moves ``state`` in (see :func:`carried_state`)."""
+    return {**conditioning, STATE_KEY: np.frombuffer(state.to_bytes(), np.uint8)}
+
+
+def carried_state(conditioning: Mapping[str, Any]) -> SessionState | None:
+    """The state an attach moves its session in with (None: it starts at chunk 0).
+    StateError for bytes that are not a whole state of this version."""
+    data = conditioning.get(STATE_KEY)
+    if data is None:
+        return None
+    return SessionState.from_bytes(np.ascontiguousarray(data, np.uint8).tobytes())
 
 
 @dataclass(frozen=True)
