@@ -24,7 +24,7 @@ from rte.client.aio import AsyncClient, Connecting
 from rte.client.base import Chunk, EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.inprocess import InProcessClient, InProcessTransport
-from rte.client.pool import PoolClient, PoolTransport
+from rte.client.pool import PoolClient, PoolTransport, Recover
 from rte.client.shm import ShmClient, ShmTransport
 from rte.composed import ComposedEngine
 from rte.contract import Notice, NoticeKind
@@ -89,13 +89,18 @@ def members_of(name: str, present: set[str] | None = None) -> list[str]:
 
 
 def connect_pool(
-    names: list[str], timeout: float | None = None, *, reattach: bool = False
+    names: list[str],
+    timeout: float | None = None,
+    *,
+    reattach: bool = False,
+    recover: Recover | None = None,
 ) -> PoolClient:
     """One client over the daemons ``names`` (see :class:`PoolClient`): sessions go
     to the one with most free rows and stay there; a dead daemon loses only its
-    own sessions (``reattach=True``: attached again elsewhere). ``timeout`` as for
-    :func:`connect`, for each daemon."""
-    return PoolClient(names, timeout=timeout, reattach=reattach)
+    own sessions (``reattach=True``: attached again elsewhere; with ``recover``,
+    e.g. :func:`rte.ipc.checkpoints.read_checkpoint`, from their last checkpoint).
+    ``timeout`` as for :func:`connect`, for each daemon."""
+    return PoolClient(names, timeout=timeout, reattach=reattach, recover=recover)
 
 
 def connect_async(

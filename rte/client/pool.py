@@ -26,13 +26,20 @@ says ``EngineGone`` and which daemon, calls naming them raise
 :class:`~rte.errors.EngineGone`, and the other daemons' sessions go on without
 a gap. With ``reattach=True`` the pool attaches them again elsewhere with
 their last conditioning (their stream restarts at chunk 0; an ATTACHED notice
-says where), as far as there is room.
+says where), as far as there is room. Given ``recover`` too (a dead daemon's
+name -> its sessions' states: :func:`rte.ipc.checkpoints.read_checkpoint` of a
+daemon run with ``--checkpoint-every K``), each session that has a checkpoint
+moves in elsewhere with that state instead: it goes on from the checkpoint's
+chunk (at most K chunks, plus those in flight, are made again, frame for frame
+those it made before), and its ATTACHED notice says from which chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,10 +55,13 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RteError
 from rte.placement import Placement
 from rte.protocol.inputs import conditioning_of
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import Act, Attach, Detach, Request, Reset, with_state
 from rte.protocol.values import InputRef
+from rte.state import SessionState
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
+Recover = Callable[[str], Mapping[str, SessionState]]  # a dead daemon -> its sessions' states
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,9 +79,15 @@ class PoolTransport(Transport):
     """The daemons ``names`` as one transport; see the module."""
 
     def __init__(
-        self, names: list[str], *, timeout: float | None = None, reattach: bool = False
+        self,
+        names: list[str],
+        *,
+        timeout: float | None = None,
+        reattach: bool = False,
+        recover: Recover | None = None,
     ) -> None:
         self.daemons = Members(names, timeout)
+        self.recover = recover
         self.members = self.daemons.by_name  # name -> that daemon's transport
         self.missing = self.daemons.missing  # down when tried: tried again at each attach
         self.name, self.manifest = "+".join(names), self.daemons.manifest
@@ -81,6 +97,7 @@ class PoolTransport(Transport):
         self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
         self._placing: dict[int, Placing] = {}  # seq of an attach in flight -> its placing
         self._reattaching: dict[int, str] = {}  # seq of a reattach -> its session
+        self._from_chunk: dict[int, int] = {}  # seq of a reattach from a checkpoint -> its chunk
         self._pending: list[Arrival] = []  # what lost sessions leave, to hand out
         self._numbering: Numbering = lambda: 0
 
@@ -230,11 +247,14 @@ class PoolTransport(Transport):
         if item.kind is NoticeKind.ATTACHED:
             self.home.settle(item.session, name)
             self._lost.pop(item.session, None)
-            self._reattaching.pop(item.seq, None)
+            if self._reattaching.pop(item.seq, None) is not None and item.seq in self._from_chunk:
+                chunk = self._from_chunk.pop(item.seq)
+                told = f"reattached on {name!r} from its last checkpoint: on at chunk {chunk}"
+                item = Notice(item.session, item.kind, told, item.seq)
             if placing is not None:
                 self._last[item.session] = _kept(placing.request)
         elif self._reattaching.pop(item.seq, None) is not None:
-            pass  # a reattach refused: the session stays lost
+            self._from_chunk.pop(item.seq, None)  # a reattach refused: the session stays lost
         elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
             self.home.release(item.session)  # (a reset's ATTACHED, next, puts it back)
         return item
@@ -300,11 +320,23 @@ class PoolTransport(Transport):
                     session = placing.request.session
                     self._pending.append(Notice(session, NoticeKind.REJECTED, why_not, seq))
         if self.reattach:
+            states = self._checkpointed(name)
             for session in lost:
-                self._reattach(session)
+                self._reattach(session, states.get(session))
 
-    def _reattach(self, session: str) -> None:
-        conditioning = self._last.get(session, {})
+    def _checkpointed(self, name: str) -> Mapping[str, SessionState]:
+        """The dead daemon ``name``'s checkpointed states ({} without ``recover``, or
+        when it wrote none: its sessions restart at chunk 0)."""
+        if self.recover is None:
+            return {}
+        try:
+            return self.recover(name)
+        except RteError as exc:  # none written, or refused (torn, foreign): never loaded
+            log.warning("pool %r: no checkpoint of %r to reattach from: %s", self.name, name, exc)
+            return {}
+
+    def _reattach(self, session: str, state: SessionState | None = None) -> None:
+        conditioning = self._last.get(session, {}) if state is None else with_state({}, state)
         free = {name: self.free_rows(name) for name in self.live()}
         for name in self.home.choices(session, free):  # (lost: placed nowhere now)
             member = self.members[name]
@@ -314,6 +346,8 @@ class PoolTransport(Transport):
             except RteError:
                 continue
             self._reattaching[request.seq] = session  # its ATTACHED makes it home again
+            if state is not None:
+                self._from_chunk[request.seq] = state.chunk - len(state.pending)
             return
 
 
@@ -335,9 +369,14 @@ class PoolClient(EngineClient):
     transport: PoolTransport
 
     def __init__(
-        self, names: list[str], *, timeout: float | None = None, reattach: bool = False
+        self,
+        names: list[str],
+        *,
+        timeout: float | None = None,
+        reattach: bool = False,
+        recover: Recover | None = None,
     ) -> None:
-        super().__init__(PoolTransport(names, timeout=timeout, reattach=reattach))
+        super().__init__(PoolTransport(names, timeout=timeout, reattach=reattach, recover=recover))
         pool = self.transport
         self.members, self.missing, self.home = pool.members, pool.missing, pool.home
         self.reattach = reattach
