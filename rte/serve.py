@@ -48,11 +48,21 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
-from rte.errors import AdmissionError, EngineFault, RequestError, UnknownSessionError
+from rte.errors import AdmissionError, EngineFault, RequestError, StateError, UnknownSessionError
 from rte.overload import DEFAULT_PRIORITY, check_priority
 from rte.parking import DEFAULT_PARK_BYTES, Parking
 from rte.pending import PendingActions
-from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Stop, Suspend, Wake
+from rte.protocol.requests import (
+    Act,
+    Attach,
+    Detach,
+    Reset,
+    Resume,
+    Stop,
+    Suspend,
+    Wake,
+    carried_state,
+)
 from rte.realtime import DEFAULT_MARGIN
 from rte.receipts import Receipts
 from rte.turns import Turns
@@ -347,7 +357,14 @@ class ServeLoop:
         new = session not in self.conditioning
         if new and admit:  # AdmissionError past real time (parked sessions take no time)
             self.realtime.admit(len(self.conditioning) - len(self.parking.parked))
-        if session not in self.parking:  # (parked: attached already)
+        state = carried_state(conditioning)  # moved in with its state (exported, checkpointed)
+        if state is not None and new:
+            if not self.parking.can_park:
+                raise StateError(f"session {session!r} cannot move in: this model takes no state")
+            engine: Any = self.engine  # resume: past the Engine protocol, as parking's
+            engine.resume(session, state)
+            conditioning = state.conditioning
+        elif session not in self.parking:  # (parked: attached already)
             self.engine.attach(session, conditioning)
         if new:
             self.conditioning[session] = dict(conditioning)
