@@ -56,8 +56,8 @@ COUNTERS = {  # the daemon's counter -> (metric, help)
     "dead_clients_reaped": ("dead_clients_reaped_total", "Dead clients reclaimed."),
     "clients_disconnected": ("clients_disconnected_total", "Clients revoked for flooding."),
     "idle_waits": ("daemon_waits_total", "Waits of the daemon that found nothing to do."),
-    "idle_sleeps": ("daemon_sleeps_total", "... that slept on its doorbell."),
-    "wakeups": ("daemon_wakeups_total", "... that a client's post woke (a wake-up paid)."),
+    "idle_sleeps": ("daemon_sleeps_total", "Waits of the daemon that slept on its doorbell."),
+    "wakeups": ("daemon_wakeups_total", "Sleeps of the daemon a client's post ended."),
 }
 
 
