@@ -132,6 +132,7 @@ class NoticeKind(enum.IntEnum):
     RESTORED = 7  # the load dropped: the session's rate is raised again (message: to what)
     SUSPENDED = 8  # the session is parked: its row freed, its state in host memory
     RESUMED = 9  # a parked session has a row again (it goes on at its next chunk)
+    EXPORTED = 10  # the session's state was handed over (message: its bytes); it left
 
 
 @dataclass(frozen=True)

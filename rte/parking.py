@@ -26,6 +26,7 @@ The states held are bounded by ``budget_bytes`` (their arrays,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,18 +91,12 @@ class Parking:
         if held is not None:  # (a client's suspend of an idle-parked one: now it asked)
             self.parked[session] = Parked(held.state, held.asked or asked, held.since)
             return
-        suspend = getattr(self.engine, "suspend", None)
-        if suspend is None or not self.can_park:
-            raise StateError(
-                f"session {session!r} cannot be suspended: this engine's model does not "
-                "export its sessions' state (engine.can_suspend is False); detach it instead"
-            )
         if self.budget_bytes <= 0:
             raise AdmissionError(
                 f"session {session!r} not suspended: this host parks no sessions "
                 "(--park-bytes 0); start it with a --park-bytes budget"
             )
-        state: SessionState = suspend(session)
+        state = self._suspend(session)
         total = self.nbytes + state.nbytes
         if total > self.budget_bytes:
             self.engine.resume(session, state)  # at the same boundary: nothing was lost
@@ -112,6 +107,34 @@ class Parking:
                 "raise --park-bytes"
             )
         self.parked[session] = Parked(state, asked, time.monotonic())
+
+    def _suspend(self, session: str) -> SessionState:
+        suspend = getattr(self.engine, "suspend", None)
+        if suspend is None or not self.can_park:
+            raise StateError(
+                f"session {session!r} cannot be suspended: this engine's model does not "
+                "export its sessions' state (engine.can_suspend is False); detach it instead"
+            )
+        state: SessionState = suspend(session)
+        return state
+
+    def export(self, session: str, into: Callable[[SessionState], int]) -> int:
+        """Hand ``session``'s state to ``into`` (suspending it first unless parked;
+        outside the budget: it is leaving) and hold it parked, rowless, for its
+        detach; the bytes ``into`` says it holds. What ``into`` raises (a state
+        too big for it) leaves the session as it was."""
+        if not callable(into):
+            raise RequestError(f"export of {session!r}: nowhere to put its state")
+        held = self.parked.get(session)
+        state = held.state if held is not None else self._suspend(session)
+        try:
+            nbytes = into(state)
+        except BaseException:
+            if held is None:
+                self.engine.resume(session, state)  # at the same boundary: nothing lost
+            raise
+        self.parked[session] = Parked(state, True, time.monotonic())
+        return nbytes
 
     def resume(self, session: str) -> None:
         """Give ``session`` a row again; AdmissionError (it stays parked) when none

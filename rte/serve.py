@@ -56,6 +56,7 @@ from rte.protocol.requests import (
     Act,
     Attach,
     Detach,
+    Export,
     Reset,
     Resume,
     Stop,
@@ -247,6 +248,11 @@ class ServeLoop:
                     out.append(Notice(session, NoticeKind.SUSPENDED, "", seq))
                 case Resume():
                     self._resume(message.session, seq, out)
+                case Export():  # its state handed over, then it leaves (no row to leave)
+                    self._require(session)
+                    nbytes = self.parking.export(session, message.into)
+                    self.detach(session, seq=seq, out=out)
+                    out.append(Notice(session, NoticeKind.EXPORTED, str(nbytes), seq))
                 case Wake():
                     pass
                 case _:

@@ -66,6 +66,9 @@ class LoopClient:
     def resume(self, session: str, **kw: Any) -> None:
         self._run(self.client.resume(session, **kw))
 
+    def export(self, session: str, **kw: Any) -> Any:
+        return self._run(self.client.export(session, **kw))
+
     def loan(self, shape: tuple[int, ...], dtype: Any, **kw: Any) -> InputLoan:
         return self._run(self.client.loan(shape, dtype, **kw))
 

@@ -129,6 +129,18 @@ class AsyncClient:
         self._check_open()
         await self._call(request, timeout)
 
+    async def export(self, session: str, *, timeout: float = 5.0) -> SessionState:
+        """As :meth:`EngineClient.export`."""
+        timeout = arguments.timeout(timeout)
+        self._check_open()
+        transport = self.transport
+        request = transport.export_into(self._core.export(session), timeout)
+        try:
+            answer = await self._call(request, timeout)
+            return transport.exported(request, int(answer.message or 0))
+        finally:
+            transport.export_done(request)
+
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
     ) -> int:
@@ -224,7 +236,7 @@ class AsyncClient:
         core.flush()
         core.sort(self.transport.receive(core.release_rows))
 
-    async def _call(self, request: Call, timeout: float) -> None:
+    async def _call(self, request: Call, timeout: float) -> Notice:
         core = self._core
         seq = core.expect(request)
         deadline = time.monotonic() + timeout
@@ -235,7 +247,7 @@ class AsyncClient:
                 raise core.unanswered(request, timeout)
         finally:
             core.forget(seq)
-        core.answer(seq)
+        return core.answer(seq)
 
     async def _lend(self, request: Request, deadline: float) -> Request:
         """The request with its large arrays lent by slot, waiting (yielding) for quota."""

@@ -119,6 +119,22 @@ class EngineClient:
         free (it stays parked: retry), RequestError for one not suspended."""
         self._call(self._core.resume(session), arguments.timeout(timeout))
 
+    def export(self, session: str, *, timeout: float = 5.0) -> SessionState:
+        """Hand a session's state over and let it go, to move it to another engine
+        (``attach(s, state=...)`` there: it goes on at its next chunk index, its
+        frames the twin's). A daemon writes the state into a slot of this client's
+        input segment, never through the ring. RequestError (it stays as it was)
+        for a state bigger than an input slot, a model that exports no state or a
+        session not attached."""
+        timeout = arguments.timeout(timeout)
+        transport = self.transport
+        request = transport.export_into(self._core.export(session), timeout)
+        try:
+            answer = self._call(request, timeout)
+            return transport.exported(request, int(answer.message or 0))
+        finally:
+            transport.export_done(request)
+
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """Send an action; it applies at the session's next step. Does not wait
         for an answer: a refusal arrives later as a notice (see :meth:`notices`).
@@ -247,8 +263,8 @@ class EngineClient:
             self.transport.unlend(request)
             raise
 
-    def _call(self, request: Call, timeout: float) -> None:
-        """Send a request and wait for its final answer."""
+    def _call(self, request: Call, timeout: float) -> Notice:
+        """Send a request and wait for its final answer (returned)."""
         core = self._core
         seq = core.expect(request)
         deadline = time.monotonic() + timeout
@@ -261,4 +277,4 @@ class EngineClient:
                 self._pump(left)
         finally:
             core.forget(seq)
-        core.answer(seq)
+        return core.answer(seq)

@@ -46,10 +46,19 @@ from rte.client.batch import ChunkBatch
 from rte.client.transport import Arrival, Gone
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
-from rte.protocol.requests import Act, Attach, Detach, Reset, Resume, Suspend, with_state
+from rte.protocol.requests import (
+    Act,
+    Attach,
+    Detach,
+    Export,
+    Reset,
+    Resume,
+    Suspend,
+    with_state,
+)
 from rte.state import SessionState
 
-Call = Attach | Reset | Detach | Suspend | Resume  # the requests a caller waits on
+Call = Attach | Reset | Detach | Suspend | Resume | Export  # the requests a caller waits on
 GiveBack = Callable[[ChunkBatch, np.ndarray[Any, Any]], None]
 ADMISSION_RETRY_S = 0.05  # how often attach(wait=...) asks again
 
@@ -59,6 +68,7 @@ _FINAL = {  # the notices that answer each waiting call
     Detach: frozenset({NoticeKind.DETACHED, NoticeKind.ERROR}),
     Suspend: frozenset({NoticeKind.SUSPENDED, NoticeKind.REJECTED, NoticeKind.ERROR}),
     Resume: frozenset({NoticeKind.RESUMED, NoticeKind.REJECTED, NoticeKind.ERROR}),
+    Export: frozenset({NoticeKind.EXPORTED, NoticeKind.REJECTED, NoticeKind.ERROR}),
 }
 
 
@@ -228,6 +238,11 @@ class ClientCore:
         self.check_open()
         return Resume(session, self.next_seq())
 
+    def export(self, session: str) -> Export:
+        session = arguments.session(session)
+        self.check_open()
+        return Export(session, self.next_seq())
+
     def check_open(self) -> None:
         if self.closed:
             raise ClientClosedError(f"this client of {self.name!r} is closed; connect again")
@@ -247,13 +262,14 @@ class ClientCore:
         """The call of ``seq`` ended (answered or not): later answers are news."""
         self._waiting.pop(seq, None)
 
-    def answer(self, seq: int) -> None:
-        """A call's final answer came: return, or raise what it says."""
+    def answer(self, seq: int) -> Notice:
+        """A call's final answer came: return it, or raise what it says."""
         reply = self._replies.pop(seq)
         if reply.kind is NoticeKind.REJECTED:
             raise AdmissionError(reply.message)
         if reply.kind is NoticeKind.ERROR:
             raise RequestError(reply.message)
+        return reply
 
     def unanswered(self, request: Call, timeout: float) -> RequestTimeout:
         return RequestTimeout(

@@ -36,7 +36,7 @@ from rte.client.transport import Arrival, Transport
 from rte.contract import Engine, Notice, NoticeKind, StepResult
 from rte.credits import chunks_to_drive, credit_refusal
 from rte.errors import EngineGone, RequestError, RequestTimeout
-from rte.protocol.requests import DEFAULT_CREDITS, Attach, Request, Stop, Wake
+from rte.protocol.requests import DEFAULT_CREDITS, Attach, Export, Request, Stop, Wake
 from rte.protocol.wire import encode_request
 from rte.realtime import ADMISSIONS
 from rte.serve import default_serve
@@ -176,7 +176,8 @@ class InProcessTransport(Transport):
 
     def send(self, request: Request, room_s: float = 0.0) -> None:
         self._check_alive()
-        encode_request(by_reference(request))  # the wire's limits hold here too, no copy
+        if not isinstance(request, Export):  # (its state goes into a box, not a slot)
+            encode_request(by_reference(request))  # the wire's limits hold here too, no copy
         if isinstance(request, Attach):
             self.ledger.admit(request)
         try:

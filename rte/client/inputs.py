@@ -26,6 +26,7 @@ RequestError that says what was asked and what would do.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import time
@@ -38,8 +39,9 @@ from rte.errors import RequestError, RequestTimeout, WireError
 from rte.protocol.control import KIND_INPUTS
 from rte.protocol.inputs import OWNER, R, conditioning_of, open_slab, with_conditioning
 from rte.protocol.names import DaemonNames
-from rte.protocol.requests import Request
+from rte.protocol.requests import Export, Request
 from rte.protocol.values import InputRef
+from rte.state import SessionState
 from shm import QuotaExceeded, Segment, SegmentNotFoundError, ShmError, Slab, SlabFull, SlotRef
 from shm.slab import Loan
 
@@ -142,6 +144,7 @@ class Lender:
         self.name = name
         self.record_limit = record_limit
         self._open: dict[int, Loan] = {}  # by the address of its array: loaned, not sent
+        self._exports: dict[tuple[int, int], np.ndarray[Any, Any]] = {}  # (slot, generation)
 
     def loan(self, shape: Any, dtype: Any, timeout: float) -> InputLoan:
         """A writable slot for an input of ``shape`` and ``dtype``, waiting up to
@@ -211,6 +214,29 @@ class Lender:
             return request
         lent, refs = self.lend(conditioning, timeout)
         return with_conditioning(request, lent) if refs else request
+
+    def export_into(self, request: Export, timeout: float) -> Export:
+        """``request`` sent with a whole slot of this client's input segment for the
+        daemon to write the state's bytes in (:meth:`exported` reads them)."""
+        slab = self._need(1)
+        size = slab.slot_size
+        loan = self._take(slab, (size,), np.uint8, timeout)
+        ref = loan.publish()
+        self._exports[(ref.slot, ref.generation)] = loan.array
+        into = InputRef(ref.slot, ref.generation, np.dtype(np.uint8).str, (size,))
+        return dataclasses.replace(request, into=into)
+
+    def exported(self, request: Export, nbytes: int) -> SessionState:
+        """The state the daemon wrote into ``request``'s slot (``nbytes`` of it)."""
+        into = request.into
+        array = self._exports[(into.slot, into.generation)]
+        return SessionState.from_bytes(array[:nbytes].tobytes())
+
+    def export_done(self, request: Export) -> None:
+        """``request``'s slot is this client's to free again (read, or refused)."""
+        into = request.into
+        if self._exports.pop((into.slot, into.generation), None) is not None:
+            self.take_back([SlotRef(into.slot, into.generation, self.owner)])
 
     def unsent(self, request: Request) -> None:
         """A request :meth:`lend_request` made was not sent: its slots come back."""

@@ -52,10 +52,10 @@ from rte.client.members import Members
 from rte.client.shm import ShmTransport, SlotLease
 from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
-from rte.errors import AdmissionError, EngineGone, RteError
+from rte.errors import AdmissionError, EngineGone, RteError, UnknownSessionError
 from rte.placement import Placement
 from rte.protocol.inputs import conditioning_of
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset, with_state
+from rte.protocol.requests import Act, Attach, Detach, Export, Request, Reset, with_state
 from rte.protocol.values import InputRef
 from rte.state import SessionState
 
@@ -100,6 +100,8 @@ class PoolTransport(Transport):
         self._from_chunk: dict[int, int] = {}  # seq of a reattach from a checkpoint -> its chunk
         self._pending: list[Arrival] = []  # what lost sessions leave, to hand out
         self._numbering: Numbering = lambda: 0
+        self._exporting: dict[int, ShmTransport] = {}  # seq of an export -> its daemon
+        self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
 
     def number_with(self, numbering: Numbering) -> None:
         self._numbering = numbering
@@ -150,6 +152,23 @@ class PoolTransport(Transport):
         if member is not None:
             member.unlend(request)
 
+    def export_into(self, request: Export, timeout: float) -> Export:
+        """Into a slot of its session's daemon's input segment (see :meth:`exported`)."""
+        member = self._home_member(request)
+        if member is None:
+            raise UnknownSessionError(f"session {request.session!r} is not attached")
+        lent = member.export_into(request, timeout)
+        self._exporting[lent.seq] = member
+        return lent
+
+    def exported(self, request: Export, nbytes: int) -> SessionState:
+        return self._exporting[request.seq].exported(request, nbytes)
+
+    def export_done(self, request: Export) -> None:
+        member = self._exporting.pop(request.seq, None)
+        if member is not None:
+            member.export_done(request)
+
     def _home_member(self, request: Request) -> ShmTransport | None:
         if isinstance(request, Attach):
             return None  # placed (and lent) by _place, member by member
@@ -173,6 +192,8 @@ class PoolTransport(Transport):
         live ones by :mod:`rte.placement` (most free rows, then fewest of this
         pool's sessions), then those whose roster shows no room: it may lag a
         detach, and their own refusal is the one to trust."""
+        if session in self.pinned:  # moving: only where it is sent (rte.client.migration)
+            return [name for name in self.pinned[session] if name in self.live()]
         free = {name: self.free_rows(name) for name in self.live()}
         order = self.home.choices(session, free)
         if session in self.home:

@@ -43,8 +43,9 @@ from rte.client.transport import Arrival, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, WireError
 from rte.protocol.control import Control
-from rte.protocol.requests import Request
+from rte.protocol.requests import Export, Request
 from rte.protocol.wire import StepColumns, decode_reply, encode_request, reply_handle
+from rte.state import SessionState
 from shm import BatchSample, ForeignSlot, Ring, ShmError, StaleSlot, WaitPolicy
 
 TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
@@ -137,6 +138,16 @@ class ShmTransport(Transport):
     def unlend(self, request: Request) -> None:
         if not self.closed:  # (closed: its input segment is unmapped, the daemon reclaims)
             self._lender.unsent(request)
+
+    def export_into(self, request: Export, timeout: float) -> Export:
+        return self._lender.export_into(request, timeout)
+
+    def exported(self, request: Export, nbytes: int) -> SessionState:
+        return self._lender.exported(request, nbytes)
+
+    def export_done(self, request: Export) -> None:
+        if not self.closed:
+            self._lender.export_done(request)
 
     # -- arrivals in ------------------------------------------------------------
 

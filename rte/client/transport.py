@@ -24,6 +24,7 @@ engine (a pool member that died).
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,9 @@ import numpy as np
 from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan
 from rte.contract import Manifest, Notice
-from rte.protocol.requests import Request
+from rte.errors import RequestError
+from rte.protocol.requests import Export, Request, StateBox
+from rte.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,21 @@ class Transport(abc.ABC):
 
     def unlend(self, request: Request) -> None:  # noqa: B027 (nothing was taken)
         """``request`` was not sent: what :meth:`lend` took for it goes back."""
+
+    def export_into(self, request: Export, timeout: float) -> Export:
+        """``request`` with where its state goes (here: a box the loop of this
+        process fills with the state itself)."""
+        return dataclasses.replace(request, into=StateBox())
+
+    def exported(self, request: Export, nbytes: int) -> SessionState:
+        """The state an EXPORTED answer to ``request`` handed over."""
+        box = request.into
+        if not isinstance(box, StateBox) or box.state is None:
+            raise RequestError(f"export of {request.session!r}: no state was handed over")
+        return box.state
+
+    def export_done(self, request: Export) -> None:  # noqa: B027 (nothing was taken)
+        """What :meth:`export_into` took for ``request`` goes back."""
 
     # -- arrivals in ----------------------------------------------------------
 

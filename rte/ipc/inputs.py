@@ -26,16 +26,20 @@ next client starts with an empty segment and never sees a frame of the last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from rte.errors import RequestError
 from rte.protocol.inputs import (
     OWNER,
     create_slab,
 )
+from rte.protocol.requests import Export, Request
 from rte.protocol.values import InputRef
+from rte.state import SessionState
 from shm import ShmError, Slab, SlotRef
 from shm.slab import Sample
 
@@ -93,6 +97,36 @@ class Inputs:
                 f"{key}: not a slot this client published in its input segment "
                 f"({type(exc).__name__}: {exc})"
             ) from None
+
+    def export_into(self, client: int, request: Request) -> Request:
+        """An :class:`Export`'s ``into`` (a slot ``client`` published in its own
+        input segment, the only one the daemon writes in) made the loop's writer of
+        the state's bytes there; any other request as it is. InputRefused for a
+        slot that is not one. The slot stays the client's: it reads and frees it."""
+        if not isinstance(request, Export):
+            return request
+        ref = request.into
+        if type(ref) is not InputRef:
+            raise InputRefused("an export names no slot of this client's input segment")
+        sample = self._receive(client, "into", ref)  # checked: published, this generation
+        slab, size = self.slabs[client], sample.array.nbytes
+        at = slab.data_offset + ref.slot * slab.slot_size
+        target = slab.segment.view(at, np.dtype(np.uint8), size, (size,), readonly=False)
+
+        def write(state: SessionState) -> int:
+            data = state.to_bytes()
+            if len(data) > size:
+                kib = -(-len(data) // 1024)
+                raise RequestError(
+                    f"session {request.session!r} not exported: its state of {len(data):,} "
+                    f"bytes exceeds the input slot of {size:,} bytes it goes to; start the "
+                    f"daemon with --input-slot-kib {kib} (the session stays as it was)"
+                )
+            target[: len(data)] = np.frombuffer(data, np.uint8)
+            self.drop(request.session)  # it leaves: its input slots go back soon
+            return len(data)
+
+        return dataclasses.replace(request, into=write)
 
     def reset(self, client: int) -> int:
         """``client`` is gone: every slot of its input segment goes back, and every byte

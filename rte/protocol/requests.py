@@ -116,6 +116,39 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Export:
+    """Hand a session's state over and let it go (to move it to another host:
+    ``attach(s, state=...)`` there). The host suspends it (a suspended one as it
+    is), gives its :class:`~rte.state.SessionState` to ``into`` and detaches it
+    without finalizing (its in-flight chunk is in the state, made again where it
+    goes). Answered by DETACHED then EXPORTED (message: the state's bytes);
+    ERROR (it stays as it was) for a state ``into`` cannot hold, a model that
+    exports no state or a session not attached.
+
+    ``into``: a client's :class:`~rte.protocol.values.InputRef` on the wire (a
+    slot of its own input segment the daemon writes the state's bytes into, so
+    they never cross the ring); to the loop, a callable that takes the state
+    and returns the bytes it holds, raising RequestError when it cannot
+    (:class:`StateBox` in process).
+    """
+
+    session: str
+    seq: int = 0
+    into: Any = None
+
+
+class StateBox:
+    """An in-process export's ``into``: keeps the state itself (no bytes made)."""
+
+    def __init__(self) -> None:
+        self.state: SessionState | None = None
+
+    def __call__(self, state: SessionState) -> int:
+        self.state = state
+        return state.nbytes
+
+
+@dataclass(frozen=True)
 class Stop:
     """Finalize every session (their in-flight chunks are emitted), detach, return."""
 
@@ -126,5 +159,5 @@ class Wake:
     freed room (so sessions are due again) sends it."""
 
 
-Request = Attach | Act | Detach | Reset | Suspend | Resume
+Request = Attach | Act | Detach | Reset | Suspend | Resume | Export
 DEFAULT_CREDITS = 2  # chunks a session may run ahead of its consumer: one held, one ready

@@ -8,7 +8,7 @@ Fixed binary headers (``struct``), never pickles:
 
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
 conditioning (:mod:`rte.protocol.values`), RESET an optional one, DETACH, SUSPEND
-and RESUME nothing;
+and RESUME nothing; EXPORT ``{"into": InputRef}``, the client's slot the state goes to;
 BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
 daemon's default) and its ``handle`` field its priority class (0 to 3).
 Daemon to client: NOTICE carries a :class:`~rte.contract.NoticeKind` in
@@ -50,8 +50,8 @@ import numpy as np
 
 from rte.contract import Action, Notice, NoticeKind
 from rte.errors import WireError
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset, Resume, Suspend
-from rte.protocol.values import decode_value, encode_value
+from rte.protocol.requests import Act, Attach, Detach, Export, Request, Reset, Resume, Suspend
+from rte.protocol.values import InputRef, decode_value, encode_value
 
 
 class RecordType(enum.IntEnum):
@@ -62,6 +62,7 @@ class RecordType(enum.IntEnum):
     BYE = 5
     SUSPEND = 6
     RESUME = 7
+    EXPORT = 8
     NOTICE = 11
     STEP = 12
 
@@ -142,6 +143,11 @@ def encode_request(message: Request | Bye) -> bytes:
             return _header(RecordType.SUSPEND, message.session, message.seq)
         case Resume():
             return _header(RecordType.RESUME, message.session, message.seq)
+        case Export():
+            if type(message.into) is not InputRef:
+                raise WireError("an export goes into a slot of its client's input segment")
+            body = encode_value({"into": message.into})
+            return _header(RecordType.EXPORT, message.session, message.seq) + body
         case Reset():
             fresh = message.conditioning
             body = b"" if fresh is None else encode_value(dict(fresh))
@@ -178,6 +184,11 @@ def decode_request(record: bytes) -> Request | Bye:
         if kind is RecordType.ACT:
             return Act(session, Action(value or {}), seq)
         return Reset(session, value, seq)
+    if kind is RecordType.EXPORT:
+        into = decode_value(body) if len(body) else None
+        if not isinstance(into, dict) or type(into.get("into")) is not InputRef:
+            raise WireError("EXPORT carries {'into': InputRef}, the slot its state goes to")
+        return Export(session, seq, into["into"])
     if len(body):
         raise WireError(f"{kind.name} takes no body, got {len(body)} bytes")
     if kind is RecordType.DETACH:
