@@ -125,6 +125,7 @@ class Intake:
             message = dataclasses.replace(message, finalize=False)
         try:  # inputs lent by slot: read-only views of the client's slots
             resolved, samples = self.inputs.resolve(connection.index, conditioning_of(message))
+            message = self.inputs.export_into(connection.index, message)  # (an Export's slot)
         except InputRefused as exc:
             self._refuse(connection, message, str(exc))
             return
