@@ -4,16 +4,21 @@ segment, not through the ring), then attached elsewhere, going on as its twin.""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 import test_client
-from daemon_harness import take
+from daemon_harness import DaemonProcess, Deadline, take
 from test_client import Engines, _frames_until
 
-from rte.client import InProcessClient
+from rte.client import EngineClient, InProcessClient, connect_pool
 from rte.composed import ComposedEngine
-from rte.errors import RequestError
+from rte.errors import AdmissionError, RequestError, UnknownSessionError
 from rte.models import load_model
+from rte.protocol.names import DaemonNames
 from rte.state import SessionState
 
 engine = test_client.engine  # the fixture of the six client forms
@@ -53,3 +58,134 @@ def test_an_export_refused_leaves_the_others_as_they_were(engine: Engines) -> No
         client.export("ghost")
     got = [c.chunk for c in take(client, "a", 3)]
     assert got == list(range(got[0], got[0] + 3)) and client.sessions == {"a"}
+
+
+# -- a pool moving sessions between two real daemons ------------------------------
+
+PACE_HZ = 30.0
+
+
+@pytest.fixture
+def pair(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
+    """Two paced daemons of the reference model, one row each (a full one refuses)."""
+    started = [
+        DaemonProcess(
+            f"{shm_prefix}m-{i}",
+            "--model",
+            "reference",
+            "--max-sessions",
+            "1",
+            "--pace-hz",
+            str(PACE_HZ),
+        )
+        for i in range(2)
+    ]
+    yield started
+    for d in started:
+        if d.process.poll() is None:
+            assert d.stop() == 0, d.stderr
+        DaemonNames(d.name).remove_leftovers()
+
+
+def _twin(sessions: dict[str, int]) -> dict[str, dict[int, Any]]:
+    """The frames of sessions never moved, on an engine of this process."""
+    with InProcessClient(ComposedEngine(load_model("reference", max_sessions=2))) as alone:
+        for session in sessions:
+            alone.attach(session, {"prompt": "forest"})
+        return _frames_until(alone, sessions)
+
+
+def _timed(
+    client: EngineClient, frames: dict[int, Any], times: dict[int, float], until: int
+) -> None:
+    """Session ``a``'s frames (and when each was polled) until chunk ``until``."""
+    limit = Deadline(what="the session's frames")
+    while until not in frames:
+        limit.check(sorted(frames))
+        chunk = client.poll(timeout=1.0)
+        if chunk is None:
+            continue
+        with chunk:
+            assert chunk.chunk not in frames, f"chunk {chunk.chunk} came twice"
+            frames[chunk.chunk], times[chunk.chunk] = chunk.latent.copy(), time.monotonic()
+
+
+def _same_as(frames: dict[int, Any], twin: dict[int, Any], until: int) -> None:
+    assert sorted(frames) == list(range(until + 1)), "a gap in its chunk indices"
+    for index, frame in frames.items():
+        np.testing.assert_array_equal(frame, twin[index], err_msg=f"chunk {index}")
+
+
+def test_migrate_moves_a_session_between_daemons_with_no_gap_its_frames_the_twins(
+    pair: list[DaemonProcess],
+) -> None:
+    """Migrated while streaming, a session's chunks go on from the next index (those
+    emitted before the export come first, from the old daemon), its frames the
+    twin's; the stall the client sees is printed in periods of the pace."""
+    twin = _twin({"a": 20})["a"]
+    frames: dict[int, Any] = {}
+    times: dict[int, float] = {}
+    with connect_pool([d.name for d in pair], timeout=30) as client:
+        client.attach("a", {"prompt": "forest"})
+        old = client.home["a"]
+        to = next(d.name for d in pair if d.name != old)
+        _timed(client, frames, times, 6)
+        assert client.migrate("a", to=to) == to
+        assert client.home["a"] == to and client.sessions == {"a"}
+        _timed(client, frames, times, 20)
+    _same_as(frames, twin, 20)
+    gaps = [times[i + 1] - times[i] for i in range(6, 20)]
+    print(f"\nmigration stall: {max(gaps) * PACE_HZ:.2f} periods at {PACE_HZ:g} Hz")
+
+
+def test_a_migration_refused_goes_back_where_it_was_and_loses_nothing(
+    pair: list[DaemonProcess],
+) -> None:
+    """The target full, the session is attached back on its old daemon: it goes on
+    with no gap or repeat, its frames the twin's, and the caller is told."""
+    twin = _twin({"a": 12})["a"]
+    full, free = pair
+    with full.client() as other:
+        other.attach("x")  # its one row taken
+        frames: dict[int, Any] = {}
+        with connect_pool([d.name for d in pair], timeout=30) as client:
+            client.attach("a", {"prompt": "forest"})
+            assert client.home["a"] == free.name
+            _timed(client, frames, {}, 4)
+            with pytest.raises(AdmissionError, match=f"back on '{free.name}'"):
+                client.migrate("a", to=full.name)
+            assert client.home["a"] == free.name and client.sessions == {"a"}
+            _timed(client, frames, {}, 12)
+    _same_as(frames, twin, 12)
+
+
+def test_drain_moves_every_session_of_the_client_off_a_daemon(shm_prefix: str) -> None:
+    """Drained, a daemon holds none of the client's sessions: each went on elsewhere
+    with no gap, its frames the twin's; a wrong name or session is refused."""
+    names = [f"{shm_prefix}d-{i}" for i in range(2)]
+    started = [DaemonProcess(n, "--model", "reference", "--max-sessions", "2") for n in names]
+    try:
+        twin = _twin({"a": 40, "b": 40})  # (one may run ahead of the other by its credits)
+        with connect_pool(names, timeout=30) as client:
+            client.attach("a", {"prompt": "forest"})
+            client.attach("b", {"prompt": "forest"})
+            assert {client.home["a"], client.home["b"]} == set(names)  # spread
+            before = _frames_until(client, {"a": 3, "b": 3})
+            with pytest.raises(RequestError, match="not a daemon of pool"):
+                client.drain("elsewhere")
+            with pytest.raises(RequestError, match="already"):
+                client.migrate("a", to=client.home["a"])
+            with pytest.raises(UnknownSessionError, match="'ghost' is not attached"):
+                client.migrate("ghost", to=names[1])
+            on_first = {s for s in "ab" if client.home[s] == names[0]}
+            assert client.drain(names[0]) == dict.fromkeys(on_first, names[1])
+            assert all(client.home[s] == names[1] for s in "ab")
+            after = _frames_until(client, {"a": 12, "b": 12})
+        for s in "ab":
+            frames = {**before[s], **after[s]}
+            _same_as(frames, twin[s], max(frames))
+    finally:
+        for d in started:
+            if d.process.poll() is None:
+                assert d.stop() == 0, d.stderr
+            DaemonNames(d.name).remove_leftovers()

@@ -24,6 +24,7 @@ from rte.client.aio import AsyncClient, Connecting
 from rte.client.base import Chunk, EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.inprocess import InProcessClient, InProcessTransport
+from rte.client.migration import MigrationError
 from rte.client.pool import PoolClient, PoolTransport, Recover
 from rte.client.shm import ShmClient, ShmTransport
 from rte.composed import ComposedEngine
@@ -142,6 +143,7 @@ __all__ = [
     "EngineClient",
     "EngineGone",
     "InProcessClient",
+    "MigrationError",
     "Notice",
     "NoticeKind",
     "PoolClient",

@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.members import Members
+from rte.client.migration import Migrating
 from rte.client.shm import ShmTransport, SlotLease
 from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
@@ -272,7 +272,7 @@ class PoolTransport(Transport):
                 chunk = self._from_chunk.pop(item.seq)
                 told = f"reattached on {name!r} from its last checkpoint: on at chunk {chunk}"
                 item = Notice(item.session, item.kind, told, item.seq)
-            if placing is not None:
+            if placing is not None and item.session not in self.pinned:  # (a move keeps its own)
                 self._last[item.session] = _kept(placing.request)
         elif self._reattaching.pop(item.seq, None) is not None:
             self._from_chunk.pop(item.seq, None)  # a reattach refused: the session stays lost
@@ -378,13 +378,14 @@ def _kept(request: Request) -> dict[str, Any]:
     return {k: v for k, v in (conditioning_of(request) or {}).items() if type(v) is not InputRef}
 
 
-class PoolClient(EngineClient):
+class PoolClient(Migrating):
     """Clients of the daemons ``names``, as one; build it with
     :func:`rte.client.connect_pool` (or ``connect("NAME")`` for ``NAME-*``).
 
     Attributes (its transport's): ``members`` (name -> that daemon's transport),
     ``missing`` (daemons down when last tried), ``home`` (session -> its daemon),
-    ``reattach``; :meth:`live` and :meth:`free_rows`.
+    ``reattach``; :meth:`live` and :meth:`free_rows`; :meth:`migrate` and
+    :meth:`drain` move sessions between them (:mod:`rte.client.migration`).
     """
 
     transport: PoolTransport
