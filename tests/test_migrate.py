@@ -189,3 +189,32 @@ def test_drain_moves_every_session_of_the_client_off_a_daemon(shm_prefix: str) -
             if d.process.poll() is None:
                 assert d.stop() == 0, d.stderr
             DaemonNames(d.name).remove_leftovers()
+
+
+def test_a_moved_session_whose_new_daemon_dies_is_reattached_with_its_conditioning(
+    pair: list[DaemonProcess],
+) -> None:
+    """A move keeps what a reattach sends: the session's conditioning, not the state
+    it moved with (that would take it back to the chunk it moved at)."""
+    twin = _twin({"a": 5})["a"]
+    with connect_pool([d.name for d in pair], timeout=30, reattach=True) as client:
+        client.attach("a", {"prompt": "forest"})
+        old = client.home["a"]
+        to = next(d for d in pair if d.name != old)
+        _timed(client, {}, {}, 6)
+        client.migrate("a", to=to.name)
+        _timed(client, {}, {}, 9)
+        to.kill()
+        frames: dict[int, Any] = {}
+        limit = Deadline(what="the reattached session's first chunks")
+        while len(frames) < 5:
+            limit.check(sorted(frames))
+            chunk = client.poll(timeout=1.0)
+            if chunk is not None:
+                with chunk:
+                    if chunk.chunk < 9 or frames:  # (one of before the kill: not its restart)
+                        frames[chunk.chunk] = chunk.latent.copy()
+        assert client.home["a"] == old
+    assert sorted(frames) == list(range(5)), "it did not restart at chunk 0"
+    for index, frame in frames.items():
+        np.testing.assert_array_equal(frame, twin[index], err_msg=f"chunk {index}")
