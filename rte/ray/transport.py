@@ -3,7 +3,7 @@
 Beneath the one client core (:mod:`rte.client.transport`), so
 :class:`~rte.ray.client.RayClient` is an :class:`~rte.client.base.EngineClient`
 with every behaviour of the other forms. Each host is a member, opened at the
-first attach placed on it:
+first attach placed on it (:mod:`rte.ray.members` opens and keeps them):
 
 - **on this caller's node**: a :class:`~rte.client.shm.ShmTransport` of that
   daemon, by name, as any local client: its chunks are read in place and
@@ -40,12 +40,10 @@ from rte.client.transport import Arrival, Gone, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone
 from rte.protocol.requests import Attach, Detach, Request
+from rte.ray.members import PLACE_TIMEOUT_S, Members
 from rte.ray.remote import RemoteLease, RemoteMember
 
 CHECK_EVERY_S = 0.25  # how often the router's losses are read (and a sleep is cut)
-PLACE_TIMEOUT_S = 30.0
-
-Member = ShmTransport | RemoteMember
 
 
 class RayTransport(Transport):
@@ -60,8 +58,7 @@ class RayTransport(Transport):
         self.places: list[tuple[str, str]] = ray.get([h.where.remote() for h in hosts])
         self.name = "+".join(daemon for daemon, _ in self.places)
         self.manifest = ray.get(hosts[0].manifest.remote(), timeout=PLACE_TIMEOUT_S)
-        self.members: dict[int, Member] = {}
-        self.gone: dict[int, str] = {}  # host -> why it is lost
+        self.members = Members(ray, hosts, self.places, self.node, self.owner)
         self.home: dict[str, int] = {}  # session -> its host, once ATTACHED
         self.lost: dict[str, str] = {}  # session -> why (its host died)
         self._placing: dict[int, tuple[str, int]] = {}  # seq of an attach -> (session, host)
@@ -71,24 +68,11 @@ class RayTransport(Transport):
         self._next_check = time.monotonic() + CHECK_EVERY_S
 
     def local(self, index: int) -> bool:
-        return self.places[index][1] == self.node
+        return self.members.local(index)
 
     def path(self, session: str) -> str:
         """``"shm"``: its daemon is on this node (in place); ``"ray"``: elsewhere."""
         return "shm" if self.local(self.home[session]) else "ray"
-
-    def _member(self, index: int) -> Member:
-        if index in self.gone:
-            raise EngineGone(self.gone[index])
-        member = self.members.get(index)
-        if member is None:
-            daemon = self.places[index][0]
-            if self.local(index):
-                member = ShmTransport(daemon, timeout=PLACE_TIMEOUT_S, wake="fd")
-            else:
-                member = RemoteMember(self.ray, self.hosts[index], daemon, self.owner)
-            self.members[index] = member
-        return member
 
     # -- requests out -----------------------------------------------------------
 
@@ -100,11 +84,11 @@ class RayTransport(Transport):
             raise EngineGone(self.lost[session])
         index = self.home.get(session)
         if index is None:  # not attached: any host answers so
-            index = next(i for i in range(len(self.hosts)) if i not in self.gone)
+            index = next(i for i in range(len(self.hosts)) if i not in self.members.gone)
         if isinstance(request, Detach):
             self._detaching.add(request.seq)
         try:
-            self._member(index).send(request, room_s)
+            self.members.get(index).send(request, room_s)
         except EngineGone:
             self._lose(index, f"EngineGone: daemon {self.places[index][0]!r} is gone")
             raise
@@ -117,7 +101,7 @@ class RayTransport(Transport):
         except self.ray.exceptions.RayTaskError as exc:  # AdmissionError: every host full
             raise exc.cause from None  # (the router's own, without Ray's traceback)
         try:
-            member = self._member(index)
+            member = self.members.get(index)
             if isinstance(member, ShmTransport):
                 lent = member.lend(request, room_s)
                 try:
@@ -151,7 +135,7 @@ class RayTransport(Transport):
 
     def _local_home(self, request: Request) -> ShmTransport | None:
         index = None if isinstance(request, Attach) else self.home.get(request.session)
-        member = self.members.get(index) if index is not None else None
+        member = self.members.open.get(index) if index is not None else None
         return member if isinstance(member, ShmTransport) and not member.closed else None
 
     # -- arrivals in ------------------------------------------------------------
@@ -159,9 +143,7 @@ class RayTransport(Transport):
     def receive(self, release: Release) -> list[Arrival]:
         self._watch()
         out: list[Arrival] = []
-        for index, member in list(self.members.items()):
-            if index in self.gone:
-                continue
+        for index, member in self.members.live():
             if isinstance(member, RemoteMember):
                 member.flush()
                 items, ended = member.receive(release)
@@ -175,7 +157,7 @@ class RayTransport(Transport):
                 self._lose(index, ended)
         out += self._pending
         self._pending = []
-        if not out and len(self.gone) == len(self.hosts):
+        if not out and self.members.all_gone():
             raise EngineGone(f"every daemon of {self.name!r} is gone")
         return out
 
@@ -199,15 +181,15 @@ class RayTransport(Transport):
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            self._flush()
+            self.members.flush()
             self._watch()
-            if self._pending or self._ready():
+            if self._pending or self.members.ready():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             budget = min(left, CHECK_EVERY_S)
-            live = [m for i, m in self.members.items() if i not in self.gone]
+            live = [m for _, m in self.members.live()]
             if len(live) == 1 and isinstance(live[0], ShmTransport):
                 try:  # the one daemon is this node's: its own wait (spin, then its FIFO)
                     if live[0].wait(budget):
@@ -218,9 +200,6 @@ class RayTransport(Transport):
                 self._sleep(budget)
             else:
                 time.sleep(budget)
-
-    def _ready(self) -> bool:
-        return any(m.ready() for i, m in self.members.items() if i not in self.gone)
 
     def _sleep(self, budget: float) -> None:
         fds = self.wake_fds()
@@ -241,52 +220,21 @@ class RayTransport(Transport):
         elif isinstance(lease, SlotLease) and not lease.transport.closed:
             lease.transport.give_back(batch, rows)
 
-    def _flush(self) -> None:
-        for member in self.members.values():
-            if isinstance(member, RemoteMember):
-                member.flush()
-
     # -- waiting on an event loop -------------------------------------------
 
     def wake_fds(self) -> list[int]:
-        fds = []
-        for index, member in self.members.items():
-            if index not in self.gone:
-                fds += member.wake_fds() if isinstance(member, ShmTransport) else [member.wake_fd()]
-        return fds
+        return self.members.wake_fds()
 
     def arm(self) -> bool:
-        if self._pending or self._ready():
-            return True
-        for index, member in self.members.items():
-            if index not in self.gone and isinstance(member, ShmTransport) and member.arm():
-                self._disarm_until(index)
-                return True
-        return False
-
-    def _disarm_until(self, stop: int) -> None:
-        for index, member in self.members.items():
-            if index == stop:
-                return
-            if index not in self.gone and isinstance(member, ShmTransport):
-                member.disarm()
+        return bool(self._pending) or self.members.ready() or self.members.arm()
 
     def disarm(self) -> bool:
-        for index, member in list(self.members.items()):
-            if index in self.gone:
-                continue
-            if isinstance(member, RemoteMember):
-                member.drain()
-                continue
-            alive = member.disarm()
-            try:
-                member.check_live(alive)
-            except EngineGone as exc:
-                self._lose(index, f"EngineGone: {exc}")
+        for index, why in self.members.disarm():
+            self._lose(index, why)
         return True
 
     def check_live(self, alive: bool = True) -> None:
-        if len(self.gone) == len(self.hosts) and not self._pending:
+        if self.members.all_gone() and not self._pending:
             raise EngineGone(f"every daemon of {self.name!r} is gone")
 
     # -- a host lost ------------------------------------------------------------
@@ -309,13 +257,8 @@ class RayTransport(Transport):
 
     def _lose(self, index: int, why: str) -> None:
         """Host ``index`` is gone: its sessions alone are lost; the router is told."""
-        if index in self.gone:
+        if not self.members.lose(index, why):
             return
-        self.gone[index] = why
-        member = self.members.get(index)
-        if member is not None:
-            with contextlib.suppress(Exception):
-                member.close()
         self.router.forsake.remote(index)
         for session in [s for s, i in self.home.items() if i == index]:
             del self.home[session]
@@ -332,9 +275,7 @@ class RayTransport(Transport):
         if self.closed:
             return
         self.closed = True
-        for member in self.members.values():
-            with contextlib.suppress(Exception):
-                member.close()
+        self.members.close()
         for session in self.home:
             self.router.release.remote(session)
         self.home.clear()
