@@ -8,11 +8,11 @@ what :class:`rte.client.InProcessClient` runs); the daemon hosts the same
 
 Each turn is a short numbered sequence:
 
-1. drain the inbox (block briefly only when no session is due);
+1. drain the inbox (block briefly only when no session is due; :mod:`rte.queues`);
 2. apply each message (attach, act, detach, reset, suspend, resume, stop); a
    bad message becomes an ``ERROR`` notice for its sender, never a crash;
 3. step the due sessions with the actions that arrived;
-4. put every emitted chunk, and every notice, into the outbox;
+4. put every emitted chunk, and every notice, into the outbox (:mod:`rte.delivery`);
 5. wait for the next tick when a pace is set (:class:`~rte.realtime.Pacer`).
 
 Real time lives in the loop, so every host admits, ranks and paces alike: a
@@ -43,11 +43,11 @@ streams are per-thread): ``threading.Thread(target=default_serve, ...)``.
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from rte.contract import Action, Engine, Notice, NoticeKind, ResultKind, StepResult
+from rte.contract import Action, Engine, Notice, NoticeKind
+from rte.delivery import Delivery, Emit, OutboxItem
 from rte.errors import AdmissionError, EngineFault, RequestError, StateError, UnknownSessionError
 from rte.overload import DEFAULT_PRIORITY, check_priority
 from rte.parking import DEFAULT_PARK_BYTES, Parking
@@ -64,24 +64,12 @@ from rte.protocol.requests import (
     Wake,
     carried_state,
 )
+from rte.queues import Inbox, Outbox, drain, put_all
 from rte.realtime import DEFAULT_MARGIN
 from rte.receipts import Receipts
 from rte.turns import Turns
 
-# what a loop's calls return: chunks (each a StepResult, or a host's own form of
-# an engine call's chunks: see ``emit``) and notices
-OutboxItem = StepResult | Notice | object
-Emit = Callable[[list[StepResult]], list[Any]]  # a fresh list, the loop appends to it
-
-
-class Inbox(Protocol):
-    def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
-
-    def get_nowait(self) -> Any: ...
-
-
-class Outbox(Protocol):
-    def put(self, item: Any) -> None: ...
+__all__ = ["Emit", "Inbox", "Outbox", "OutboxItem", "ServeLoop", "default_serve"]
 
 
 def default_serve(
@@ -120,46 +108,19 @@ def default_serve(
         block = not pick(loop.sessions)
         if not block:
             loop.begin_turn()
-        messages = _drain(inbox, block=block, timeout=idle_wait_s)
+        messages = drain(inbox, block=block, timeout=idle_wait_s)
         if block:  # the wait for a message is no part of the turn's cost
             loop.begin_turn()
         for message in messages:
             if isinstance(message, Stop):
-                _put(outbox, loop.stop())
+                put_all(outbox, loop.stop())
                 return
-            _put(outbox, loop.handle(message))
-        _put(outbox, loop.step(pick(loop.sessions)))
-        _put(outbox, loop.park_idle())
+            put_all(outbox, loop.handle(message))
+        put_all(outbox, loop.step(pick(loop.sessions)))
+        put_all(outbox, loop.park_idle())
         loop.end_turn()
         if loop.pacer is not None:
             loop.pacer.wait()
-
-
-def _put(outbox: Outbox, items: list[OutboxItem]) -> None:
-    """Everything one call produced; an outbox with ``put_many`` takes it whole
-    (a step's chunks are then one batch for its consumer)."""
-    if not items:
-        return
-    put_many = getattr(outbox, "put_many", None)
-    if put_many is not None:
-        put_many(items)
-        return
-    for item in items:
-        outbox.put(item)
-
-
-def _drain(inbox: Inbox, *, block: bool, timeout: float) -> list[Any]:
-    messages = []
-    if block:
-        try:
-            messages.append(inbox.get(timeout=timeout))
-        except queue.Empty:
-            return messages
-    while True:
-        try:
-            messages.append(inbox.get_nowait())
-        except queue.Empty:
-            return messages
 
 
 class ServeLoop:
@@ -196,7 +157,6 @@ class ServeLoop:
     ) -> None:
         self.engine = engine
         self.parking = Parking(engine, park_bytes, park_idle_s)
-        self.emit = emit
         self.conditioning: dict[str, dict[str, Any]] = {}  # attached sessions, in order
         self.pending = PendingActions()
         manifest = engine.manifest()
@@ -204,7 +164,8 @@ class ServeLoop:
         turns = self.turns  # its parts a host reads (the pace, the figures it publishes)
         self.realtime, self.pacer, self.governor = turns.realtime, turns.pacer, turns.governor
         self.receipts = Receipts(manifest.pipelined)
-        self.stamp = stamp
+        let_go = self._let_go  # step 4 (rte.delivery): results made outbox items
+        self._emitted = Delivery(self.receipts, stamp, emit, let_go)
 
     @property
     def sessions(self) -> list[str]:
@@ -408,20 +369,8 @@ class ServeLoop:
         if check is not None:
             check(session, Action(conditioning))
 
-    def _emitted(self, results: list[StepResult]) -> list[OutboxItem]:
-        if self.stamp:
-            results = self.receipts.stamp(results)
-        chunk = ResultKind.CHUNK
-        chunks: list[OutboxItem] = [r for r in results if r.kind is chunk]
-        out = chunks if self.emit is None else self.emit(results)
-        if len(chunks) < len(results):  # some carry no chunk: their errors become notices
-            for r in results:
-                if r.kind is ResultKind.ERROR:
-                    out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))
-                elif r.kind is ResultKind.FAILED:  # its own failure: the engine let it go
-                    out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))
-                    self.detach(r.session, finalize=False, reason=r.error or "", out=out)
-        return out
+    def _let_go(self, session: str, reason: str, out: list[OutboxItem]) -> None:
+        self.detach(session, finalize=False, reason=reason, out=out)
 
     def _require(self, session: str) -> None:
         if session not in self.conditioning:
