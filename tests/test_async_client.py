@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from daemon_harness import DaemonProcess, Deadline
 
-import rte.client.aio
+import rte.client.loop_wait
 from rte import ComposedEngine
 from rte.client import AsyncClient, ClientClosedError, EngineGone, InProcessClient, connect_async
 from rte.models import load_model
@@ -53,7 +53,7 @@ def test_one_loop_serves_many_connections_woken_only_by_their_descriptors(
     """With the liveness timer out of the way (an hour), every wake-up is the
     daemon ringing a client's FIFO: were it ringing the semaphore, nothing
     would arrive. Meanwhile other tasks act on the same clients."""
-    monkeypatch.setattr(rte.client.aio, "CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(rte.client.loop_wait, "CHECK_EVERY_S", 3600.0)
 
     async def main() -> None:
         clients = await connect_all(daemon.name)

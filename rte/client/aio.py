@@ -17,16 +17,12 @@ It is the same :class:`~rte.client.core.ClientCore` as the sync client (request
 numbering, answers, sorting what arrives, the held count) over the same
 transports (:mod:`rte.client.transport`: one daemon's shared memory woken by
 its FIFO, an engine on a thread of this process, a pool of daemons); only the
-waiting is the loop's. A client sleeps on its transport's file descriptors
-(the daemon's FIFO for this client slot, one per pool member, or an eventfd
-the in-process serve thread writes) registered with ``loop.add_reader``, after
-announcing the sleep by the ring's protocol, so the engine wakes it only when
-it sleeps and one loop serves many connections with no thread and no polling
-between wake-ups (a liveness check runs every :data:`CHECK_EVERY_S` s; a
-daemon that dies closes its end of the FIFO, which wakes the loop at once).
+waiting is the loop's (:class:`~rte.client.loop_wait.LoopWait`: a client
+sleeps on its transport's file descriptors with ``loop.add_reader``, so one
+loop serves many connections with no thread and no polling between wake-ups).
 
 Several tasks may use one client at once (one reading results, others
-attaching and acting): one of them waits on the descriptor and sorts what
+attaching and acting): one of them waits on the descriptors and sorts what
 came, the others wait for its news. Connecting and closing wait on a worker
 thread (``asyncio.to_thread``), as they may take a while and happen once.
 """
@@ -42,6 +38,7 @@ from rte.client import arguments
 from rte.client.batch import ChunkBatch
 from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
+from rte.client.loop_wait import LoopWait
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice
 from rte.errors import AdmissionError, ClientClosedError, RequestTimeout
@@ -50,7 +47,6 @@ from rte.protocol.requests import Request
 from rte.state import SessionState
 
 T = TypeVar("T")
-CHECK_EVERY_S = 0.25  # a sleeping client checks its engine's liveness this often
 _RETRY_PAUSE_S = (0.0005, 0.02)  # no room: retry after this, doubling up to that
 
 
@@ -67,9 +63,8 @@ class AsyncClient:
         transport.number_with(core.next_seq)
         self.name: str = transport.name
         self.manifest: Manifest = transport.manifest
-        self._news: asyncio.Future[None] | None = None  # set while a task sleeps on the fds
-        self._wake: asyncio.Future[None] | None = None  # what that task awaits
         self._closing = False
+        self._wait = LoopWait(transport, core, self._pump, self._check_open)
 
     @property
     def sessions(self) -> set[str]:
@@ -180,7 +175,7 @@ class AsyncClient:
         """The next step's chunks as one batch, or None after ``timeout`` s."""
         deadline = time.monotonic() + arguments.timeout(timeout)
         core = self._core
-        while await self._until(core.has_chunks, deadline - time.monotonic()):
+        while await self._wait.until(core.has_chunks, deadline - time.monotonic()):
             if core.has_chunks():
                 return core.take_batch()  # (else another task took it first)
         return None
@@ -194,7 +189,7 @@ class AsyncClient:
         if (chunk := core.next_chunk()) is not None:  # one of a step already here
             return chunk
         deadline = time.monotonic() + timeout
-        while await self._until(core.has_chunks, deadline - time.monotonic()):
+        while await self._wait.until(core.has_chunks, deadline - time.monotonic()):
             if core.has_chunks():
                 return core.take_chunk()
         return None
@@ -212,9 +207,7 @@ class AsyncClient:
         if self._closing:
             return
         self._closing = True
-        _resolve(self._wake)
-        while self._news is not None:  # the sleeping task leaves the descriptors first
-            await asyncio.wait([self._news], timeout=1.0)
+        await self._wait.close()  # the sleeping task leaves the descriptors first
         if self._core.close():
             await asyncio.to_thread(self.transport.close)
 
@@ -243,7 +236,7 @@ class AsyncClient:
         try:
             await self._send_lent(await self._lend(request, deadline), deadline)
             left = deadline - time.monotonic()
-            if not await self._until(lambda: core.answered(seq), left):
+            if not await self._wait.until(lambda: core.answered(seq), left):
                 raise core.unanswered(request, timeout)
         finally:
             core.forget(seq)
@@ -279,61 +272,6 @@ class AsyncClient:
                     raise
             await asyncio.sleep(pause)
             pause = min(2 * pause, most)
-
-    async def _until(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``ready()`` (sorting what arrives meanwhile) or ``timeout`` s pass."""
-        self._check_open()
-        if ready():
-            return True
-        self._pump()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not ready():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            if self._news is not None:  # another task sleeps on the descriptors
-                await asyncio.wait([self._news], timeout=left)
-                self._check_open()
-                continue
-            news = self._news = loop.create_future()
-            try:
-                await self._sleep(loop, min(left, CHECK_EVERY_S))
-                self._check_open()
-                self._pump()
-            finally:
-                self._news = None
-                news.set_result(None)
-        return True
-
-    async def _sleep(self, loop: asyncio.AbstractEventLoop, budget: float) -> None:
-        """Sleep on the transport's descriptors (announced, so the engine rings them)
-        for at most ``budget`` s; then check that the engine lives."""
-        transport = self.transport
-        fds = transport.wake_fds()  # first: the engine may ring once the sleep is announced
-        if transport.arm():
-            return
-        wake = self._wake = loop.create_future()
-        for fd in fds:
-            loop.add_reader(fd, _resolve, wake)
-        timer = loop.call_later(budget, _resolve, wake)
-        self._core.eager = True  # other tasks' releases go back at once: nobody flushes now
-        try:
-            await wake
-        finally:
-            self._core.eager = False
-            timer.cancel()
-            for fd in fds:
-                loop.remove_reader(fd)
-            self._wake = None
-            alive = transport.disarm()
-        if not self._closing:
-            transport.check_live(alive)
-
-
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
 
 
 class Connecting:

@@ -15,11 +15,10 @@ once, an asyncio one (``connect_async("gpu")``) watches them all with
 
 Sessions are sticky: a session lives on the daemon it was admitted to, and
 every request about it goes there (:class:`rte.placement.Placement`, the one
-policy the Ray router and ReplicaEngine use too). An attach is placed
-explicitly, by its own record (:class:`Placing`): the daemons in order of most
-free rows (then fewest of this pool's sessions); it goes to the first, and a daemon that refuses it
-(full meanwhile) passes it to the next, so the caller sees one answer: the
-first daemon's ATTACHED, or one REJECTED that names every daemon's refusal.
+policy the Ray router and ReplicaEngine use too). An attach is placed by
+:class:`~rte.client.placing.Placer`: the daemons in order of most free rows,
+each refusal passing it to the next, so the caller sees one answer: the first
+daemon's ATTACHED, or one REJECTED that names every daemon's refusal.
 
 When a daemon dies, only its sessions are lost: each gets an ERROR notice that
 says ``EngineGone`` and which daemon, calls naming them raise
@@ -40,7 +39,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,10 +47,11 @@ from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.members import Members
 from rte.client.migration import Migrating
+from rte.client.placing import Placer
 from rte.client.shm import ShmTransport, SlotLease
 from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
-from rte.errors import AdmissionError, EngineGone, RteError, UnknownSessionError
+from rte.errors import EngineGone, RteError, UnknownSessionError
 from rte.placement import Placement
 from rte.protocol.inputs import conditioning_of
 from rte.protocol.requests import Act, Attach, Detach, Export, Request, Reset, with_state
@@ -62,17 +61,6 @@ from rte.state import SessionState
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
 Recover = Callable[[str], Mapping[str, SessionState]]  # a dead daemon -> its sessions' states
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Placing:
-    """An attach in flight: the request as the caller made it (its arrays not yet
-    lent), the daemons still to try, where it went, and who refused it."""
-
-    request: Attach
-    order: list[str]
-    member: str = ""
-    refused: list[str] = field(default_factory=list)
 
 
 class PoolTransport(Transport):
@@ -95,13 +83,13 @@ class PoolTransport(Transport):
         self.home: Placement[str] = Placement()  # session -> the daemon it lives on (sticky)
         self._lost: dict[str, str] = {}  # session -> why (its daemon died)
         self._last: dict[str, dict[str, Any]] = {}  # session -> its conditioning, merged
-        self._placing: dict[int, Placing] = {}  # seq of an attach in flight -> its placing
         self._reattaching: dict[int, str] = {}  # seq of a reattach -> its session
         self._from_chunk: dict[int, int] = {}  # seq of a reattach from a checkpoint -> its chunk
         self._pending: list[Arrival] = []  # what lost sessions leave, to hand out
         self._numbering: Numbering = lambda: 0
         self._exporting: dict[int, ShmTransport] = {}  # seq of an export -> its daemon
         self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
+        self.placer = Placer(self.name, self.daemons, self.home, self.pinned, self._lose)
 
     def number_with(self, numbering: Numbering) -> None:
         self._numbering = numbering
@@ -120,7 +108,7 @@ class PoolTransport(Transport):
         if session in self._lost:
             raise EngineGone(self._lost[session])
         if isinstance(request, Attach):
-            return self._place(request, room_s)
+            return self.placer.place(request, room_s)
         name = self.home.get(session) or next(iter(self.live()), "")
         if not name:  # not ours: any daemon answers that it is not attached
             raise EngineGone(f"every daemon of pool {self.name!r} is gone")
@@ -171,68 +159,9 @@ class PoolTransport(Transport):
 
     def _home_member(self, request: Request) -> ShmTransport | None:
         if isinstance(request, Attach):
-            return None  # placed (and lent) by _place, member by member
+            return None  # placed (and lent) by the placer, member by member
         member = self.members.get(self.home.get(request.session, ""))
         return None if member is None or member.closed else member
-
-    # -- placing an attach --------------------------------------------------------
-
-    def _place(self, request: Attach, room_s: float) -> None:
-        self.daemons.rejoin()
-        if not self.live():
-            raise EngineGone(f"every daemon of pool {self.name!r} is gone")
-        placing = Placing(request, self._order(request.session))
-        if not self._try_next(placing, room_s):
-            if not self.live():
-                raise EngineGone(f"every daemon of pool {self.name!r} is gone")
-            raise AdmissionError(self._refusal(placing))
-
-    def _order(self, session: str) -> list[str]:
-        """Its daemon when it is attached already (the daemon says so); else the
-        live ones by :mod:`rte.placement` (most free rows, then fewest of this
-        pool's sessions), then those whose roster shows no room: it may lag a
-        detach, and their own refusal is the one to trust."""
-        if session in self.pinned:  # moving: only where it is sent (rte.client.migration)
-            return [name for name in self.pinned[session] if name in self.live()]
-        free = {name: self.free_rows(name) for name in self.live()}
-        order = self.home.choices(session, free)
-        if session in self.home:
-            return order
-        return order + [name for name in free if name not in order]
-
-    def _try_next(self, placing: Placing, room_s: float, *, quiet: bool = False) -> bool:
-        """Send the attach to the next daemon of its order that takes the request;
-        False when none is left. ``quiet``: a daemon that cannot take it (ring
-        full, no input slot) counts as a refusal, not an error to the caller."""
-        while placing.order:
-            name = placing.order.pop(0)
-            member = self.members[name]
-            if member.closed:
-                continue
-            try:
-                lent = member.lend(placing.request, room_s)
-                try:
-                    member.send(lent, room_s)
-                except BaseException:
-                    member.unlend(lent)
-                    raise
-            except EngineGone:
-                self._lose(name)
-                continue
-            except RteError as exc:
-                if not quiet:
-                    raise
-                placing.refused.append(f"{name}: {exc}")
-                continue
-            placing.member = name
-            self._placing[placing.request.seq] = placing
-            return True
-        return False
-
-    @staticmethod
-    def _refusal(placing: Placing) -> str:
-        refused = placing.refused
-        return "every daemon of the pool is full" + (f" ({'; '.join(refused)})" if refused else "")
 
     # -- arrivals in ------------------------------------------------------------
 
@@ -259,12 +188,9 @@ class PoolTransport(Transport):
 
     def _sorted(self, name: str, item: Notice) -> Notice | None:
         """Member ``name``'s notice, as the caller is to see it (None: not at all)."""
-        placing = self._placing.pop(item.seq, None) if item.seq else None
+        placing = self.placer.take(item.seq)
         if placing is not None and item.kind is NoticeKind.REJECTED:
-            placing.refused.append(f"{name}: {item.message}")
-            if self._try_next(placing, 0.0, quiet=True):
-                return None  # the next daemon answers
-            return Notice(item.session, NoticeKind.REJECTED, self._refusal(placing), item.seq)
+            return self.placer.rejected(name, placing, item)  # (None: the next daemon answers)
         if item.kind is NoticeKind.ATTACHED:
             self.home.settle(item.session, name)
             self._lost.pop(item.session, None)
@@ -332,14 +258,7 @@ class PoolTransport(Transport):
         for session in lost:
             self._lost[session] = why
             self._pending += [Gone(session), Notice(session, NoticeKind.ERROR, why)]
-        for seq, placing in list(self._placing.items()):
-            if placing.member == name:
-                del self._placing[seq]
-                placing.refused.append(f"{name}: it died")
-                if not self._try_next(placing, 0.0, quiet=True):
-                    why_not = self._refusal(placing)
-                    session = placing.request.session
-                    self._pending.append(Notice(session, NoticeKind.REJECTED, why_not, seq))
+        self.placer.died(name, self._pending.append)
         if self.reattach:
             states = self._checkpointed(name)
             for session in lost:
