@@ -66,24 +66,31 @@ SLIDE = -worldgen.SPEED  # a chunk of a move right: the scene slides left by thi
 BOUND = 6.0  # a trained frame's mean absolute error (of 255) to the world's truth, at most
 RIGHT = {"key": "ArrowRight", "code": "ArrowRight", "windowsVirtualKeyCode": 39}
 ENTER = {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, "text": "\r"}
-# install a recorder of what the canvas shows, read back at the frame's own size
-RECORD = """(() => {
+
+
+def recorder(canvas: str) -> str:
+    """JavaScript that installs a recorder of what ``canvas`` (an expression) shows
+    at each frame, read back at the model's size, with the frame's chunk."""
+    return f"""(() => {{
   window.__frames = [];
-  rtePlay.onframe = (chunk) => {
+  rtePlay.onframe = (chunk) => {{
     if (__frames.length >= 400) return;
-    const view = document.getElementById("view"), k = rtePlay.scale;
+    const view = {canvas}, k = rtePlay.scale;
     const data = view.getContext("2d").getImageData(0, 0, view.width, view.height).data;
     let bytes = "";
-    for (let y = 0; y < rtePlay.height; y++) {
-      for (let x = 0; x < rtePlay.width; x++) {
+    for (let y = 0; y < rtePlay.height; y++) {{
+      for (let x = 0; x < rtePlay.width; x++) {{
         const i = ((y * k + (k >> 1)) * view.width + x * k + (k >> 1)) * 4;
         bytes += String.fromCharCode(data[i], data[i + 1], data[i + 2]);
-      }
-    }
+      }}
+    }}
     __frames.push([chunk, btoa(bytes)]);
-  };
+  }};
   return true;
-})()"""
+}})()"""
+
+
+RECORD = recorder('document.getElementById("view")')  # what the page's canvas shows
 
 
 # -- the browser ------------------------------------------------------------------

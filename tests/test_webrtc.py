@@ -44,6 +44,7 @@ from test_play import (
     Play,
     _remote_peers,
     in_browser,
+    recorder,
     sessions_become,
     step_shifts,
     truth_error,
@@ -66,24 +67,9 @@ RTC_FLAGS = [
     "--disable-renderer-backgrounding",
     "--disable-background-timer-throttling",
 ]
-# a recorder of what the video shows, at the model's size, with each frame's chunk
-RECORD = """(() => {
-  window.__frames = [];
-  rtePlay.onframe = (chunk) => {  // the picture whose stamp said chunk, not the video now
-    if (__frames.length >= 400) return;
-    const grab = rtePlay.picture, k = rtePlay.scale;
-    const data = grab.getContext("2d").getImageData(0, 0, grab.width, grab.height).data;
-    let bytes = "";
-    for (let y = 0; y < rtePlay.height; y++) {
-      for (let x = 0; x < rtePlay.width; x++) {
-        const i = ((y * k + (k >> 1)) * grab.width + x * k + (k >> 1)) * 4;
-        bytes += String.fromCharCode(data[i], data[i + 1], data[i + 2]);
-      }
-    }
-    __frames.push([chunk, btoa(bytes)]);
-  };
-  return true;
-})()"""
+# what the video showed: the picture whose stamp said the chunk (rtePlay.picture,
+# one drawing of the frame), not the video drawn again (it may have moved on)
+RECORD = recorder("rtePlay.picture")
 
 
 # -- loopback alone ---------------------------------------------------------------
