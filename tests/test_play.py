@@ -295,7 +295,9 @@ class Play:
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     """A paced daemon of the trained world model, named from the test's prefix."""
-    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4")
+    # admission by rows: these tests are of the browser path, and a loaded box can
+    # measure the real-time capacity below the tabs they open (its own tests: test_realtime)
+    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4", "--admission", "rows")
     process = DaemonProcess(f"{shm_prefix}play", *args)
     yield process
     if process.process.poll() is None:

@@ -34,7 +34,9 @@ CODEC_BOUND = 8.0  # a decoded frame's mean absolute error (of 255) to the world
 
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
-    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "2")
+    # admission by rows: these tests are of the browser path, and a loaded box can
+    # measure the real-time capacity below the tabs they open (its own tests: test_realtime)
+    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "2", "--admission", "rows")
     process = DaemonProcess(f"{shm_prefix}rec", *args)
     yield process
     if process.process.poll() is None:

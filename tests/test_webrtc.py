@@ -138,7 +138,9 @@ def browser(loopback_only: None, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
-    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4")
+    # admission by rows: these tests are of the browser path, and a loaded box can
+    # measure the real-time capacity below the tabs they open (its own tests: test_realtime)
+    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4", "--admission", "rows")
     process = DaemonProcess(f"{shm_prefix}rtc", *args)
     yield process
     if process.process.poll() is None:
