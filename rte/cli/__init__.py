@@ -19,8 +19,12 @@ Ctrl-C handling covers their imports too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import rte
@@ -62,9 +66,28 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT held off while the commands are imported: a Ctrl-C in the middle of a C
+    extension's import (NumPy's) would surface there as an ImportError with a
+    traceback, not as a KeyboardInterrupt; held, it is raised once they are whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def _main(argv: list[str] | None) -> int:
-    from rte.cli import bench, clean, demo, inspect, play, record, replay, serve  # noqa: PLC0415
-    from rte.errors import ConfigurationError  # noqa: PLC0415
+    with _sigint_held():
+        from rte.cli import bench, clean, demo, inspect, play, record, replay, serve  # noqa: PLC0415
+        from rte.errors import ConfigurationError  # noqa: PLC0415
 
     parser = OneLineParser(prog="rte", description="A realtime inference engine.")
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
