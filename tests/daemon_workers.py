@@ -11,15 +11,25 @@ from rte.errors import EngineGone, RteError
 
 
 def stream_forever(name: str, sessions: list[str], conn: Any) -> None:
-    """Attach, tell the parent its client slot, then consume chunks until killed."""
+    """Attach, tell the parent its client slot, then consume chunks until killed.
+
+    A message from the parent makes it stop consuming: it takes and releases what it
+    has taken already (down to an empty receive, so every credit is back with the
+    daemon and nothing is held), answers "idle", and takes nothing more: the daemon's
+    next chunks pile up in its outbox."""
     client = ShmClient(name, timeout=30)
     for session in sessions:
         client.attach(session)
     conn.send(client.index)
-    while True:
-        chunk = client.poll(timeout=1.0)
+    while not conn.poll():
+        chunk = client.poll(timeout=0.05)
         if chunk is not None:
             chunk.release()
+    conn.recv()
+    while (chunk := client.poll(timeout=0)) is not None:
+        chunk.release()
+    conn.send("idle")
+    conn.recv()  # until killed
 
 
 def chaos(name: str, seed: int, seconds: float) -> None:

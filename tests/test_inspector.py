@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 import daemon_workers
@@ -46,7 +47,7 @@ def shm_bytes(name: str) -> dict[str, bytes]:
 @pytest.fixture
 def loaded(
     shm_prefix: str,
-) -> Iterator[tuple[DaemonProcess, multiprocessing.process.BaseProcess, int]]:
+) -> Iterator[tuple[DaemonProcess, multiprocessing.process.BaseProcess, int, Connection]]:
     d = DaemonProcess(shm_prefix, "--max-clients", "2")
     parent, child = SPAWN.Pipe()
     streamer = SPAWN.Process(
@@ -55,7 +56,7 @@ def loaded(
     streamer.start()
     assert parent.poll(30)
     index = parent.recv()
-    yield d, streamer, index
+    yield d, streamer, index, parent
     for pid in (d.pid, streamer.pid):
         assert pid is not None
         with contextlib.suppress(ProcessLookupError):
@@ -66,13 +67,18 @@ def loaded(
 
 
 def test_inspect_changes_nothing_even_on_a_frozen_daemon(
-    loaded: tuple[DaemonProcess, multiprocessing.process.BaseProcess, int],
+    loaded: tuple[DaemonProcess, multiprocessing.process.BaseProcess, int, Connection],
 ) -> None:
-    daemon, streamer, index = loaded
+    daemon, streamer, index, streaming = loaded
     assert streamer.pid is not None
     wait_for(lambda: json.loads(run(daemon.name, "--json"))["counters"]["chunks"] > 50)
-    os.kill(streamer.pid, signal.SIGSTOP)  # the client stops consuming: records pile up
-    time.sleep(0.3)
+    # The client stops consuming with every credit given back (a client frozen at a
+    # random instant may hold them all, having taken every record: then nothing
+    # piles up), so the daemon's next chunks wait in its outbox.
+    streaming.send("stop")
+    assert streaming.poll(30) and streaming.recv() == "idle"
+    os.kill(streamer.pid, signal.SIGSTOP)
+    wait_for(lambda: waiting(daemon.name) > 0, what="records waiting in the outbox")
     os.kill(daemon.pid, signal.SIGSTOP)  # and the daemon hangs
     time.sleep(0.1)
     before = shm_bytes(daemon.name)
@@ -91,6 +97,11 @@ def test_inspect_changes_nothing_even_on_a_frozen_daemon(
     holders = text[text.index("HOLDER") :].splitlines()  # a table, not a Python dict
     assert holders[1].split() == ["client", str(index), str(client_slots(detail, index))]
     assert "STEP 2 chunks, handles=[" in rings  # one record per step: both sessions
+
+
+def waiting(name: str) -> int:
+    (client,) = json.loads(run(name, "--json"))["clients"]
+    return int(client["rings"]["outbox"]["waiting"])
 
 
 def client_slots(detail: dict[str, Any], index: int) -> int:
