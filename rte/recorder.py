@@ -1,18 +1,25 @@
-"""Recorders: any client, its session's trace written on the way through.
+"""Recorders: any client, its sessions' traces written on the way through.
 
 A :class:`Recorder` wraps an :class:`~rte.client.EngineClient` (shm, in
 process, pool: public API only) and an :class:`AsyncRecorder` an
 :class:`~rte.client.AsyncClient`; each delegates ``attach``, ``act``,
-``poll``, ``poll_batch``, ``results``, ``notices``, ``detach`` and ``close``
-and writes what passes into a trace (:mod:`rte.trace`): the attach, each
-action with the chunk it applied at, and every chunk's hash. A chunk is hashed
-when it is handed out, before the caller can release it.
+``reset``, ``poll``, ``poll_batch``, ``results``, ``notices``, ``detach`` and
+``close`` and writes what passes into a trace (:mod:`rte.trace`): the attach,
+each action with the chunk it applied at, and every chunk's hash. A chunk is
+hashed when it is handed out, before the caller can release it.
 
-One session is recorded: ``session``, or the first attached. An action's chunk
-is known once a chunk's receipt (``applied``) reaches its seq, so its line is
-written just before that chunk's; an action the engine refused (a notice the
-caller drains through the recorder) is written as refused; the rest when the
-recorder closes. Everything else passes through untouched:
+``out`` a file (a path or an open text file): one session is recorded,
+``session``, or the first attached. ``out`` a function of a session's name to
+its file (or None: not recorded): every session attached is recorded into the
+file it names, each its own trace (a gateway's tabs, say). A trace is one
+attach's life: it ends at the session's detach, at :meth:`end`, or when the
+recorder closes; a reset ends it too, and with a function the session's next
+life is recorded into the file it names next (a single file refuses the reset).
+
+What is written, and when, is :class:`~rte.recording.Recording`'s (an action's
+line just before the chunk it applied at, a refusal the caller drains through
+the recorder as refused; a trace that cannot be written stops, never the
+stream). Everything else passes through untouched:
 
     with connect("mydaemon") as client, Recorder(client, Path("walk.jsonl")) as rec:
         rec.attach("alice", {"prompt": "a forest"})
@@ -21,8 +28,8 @@ recorder closes. Everything else passes through untouched:
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,173 +37,168 @@ import numpy as np
 
 from rte.client import AsyncClient, Chunk, ChunkBatch, EngineClient
 from rte.contract import Manifest, Notice, NoticeKind
-from rte.errors import RequestError
+from rte.errors import RequestError, RteError
 from rte.overload import DEFAULT_PRIORITY
-from rte.trace import TraceWriter, chunk_hash, encode_value, header_of
+from rte.recording import Recording, log
+from rte.trace import TraceWriter, decode_value, encode_value, header_of
 
-__all__ = ["AsyncRecorder", "Recorder", "Recording"]
+__all__ = ["AsyncRecorder", "Recorder", "Recording", "TraceOut"]
 
-
-# -- recording ---------------------------------------------------------------------
-
-
-class Recording:
-    """The trace of one session as it happens: what a :class:`Recorder` calls on the
-    way through. Acts wait until a chunk's receipt shows where they applied."""
-
-    def __init__(self, writer: TraceWriter, header: dict[str, Any]) -> None:
-        self.writer, self.header = writer, header
-        self.session: str | None = None
-        self._t0 = 0.0
-        self._waiting: list[tuple[int, dict[str, Any], float]] = []  # (seq, encoded, t)
-        self.chunks = 0
-        self.done = False
-
-    def now(self) -> float:
-        return round(time.monotonic() - self._t0, 6)
-
-    def attached(
-        self, session: str, conditioning: Mapping[str, Any], credits: int, priority: int
-    ) -> None:
-        self.session, self._t0 = session, time.monotonic()
-        self.writer.write(self.header)
-        encoded = encode_value(dict(conditioning))
-        self.writer.write(
-            {
-                "kind": "attach",
-                "session": session,
-                "conditioning": encoded,
-                "credits": credits,
-                "priority": priority,
-                "seeds": {"session": session},
-            }
-        )
-
-    def acted(self, seq: int, encoded: Any) -> None:
-        """Action ``seq`` was sent, its conditioning ``encoded`` (:func:`encode_value`)."""
-        self._waiting.append((seq, encoded, self.now()))
-
-    def refused(self, seq: int, message: str) -> None:
-        for i, (s, encoded, t) in enumerate(self._waiting):
-            if s == seq:
-                del self._waiting[i]
-                self._act(s, encoded, t, None, message)
-                return
-
-    def passes_over(self, applied: int) -> bool:
-        """Whether a chunk of receipt ``applied`` would land an act other than
-        ``applied`` itself: one merged into it, or one refused (its notice unread)."""
-        return any(seq < applied for seq, _, _ in self._waiting)
-
-    def chunk(self, index: int, latent: np.ndarray[Any, Any], applied: int) -> None:
-        landed = [w for w in self._waiting if w[0] <= applied]
-        if landed:
-            self._waiting = [w for w in self._waiting if w[0] > applied]
-            for seq, encoded, t in landed:
-                self._act(seq, encoded, t, index)
-        digest = chunk_hash(latent)
-        record = {"kind": "chunk", "index": index, "blake2b": digest, "applied": applied}
-        self.writer.write({**record, "t": self.now()})
-        self.chunks += 1
-
-    def _act(
-        self, seq: int, encoded: Any, t: float, chunk: int | None, refused: str | None = None
-    ) -> None:
-        record: dict[str, Any] = {
-            "kind": "act",
-            "seq": seq,
-            "chunk": chunk,
-            "conditioning": encoded,
-        }
-        record["t"] = t
-        if refused is not None:
-            record["refused"] = refused
-        self.writer.write(record)
-
-    def end(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.session is not None:
-            for seq, encoded, t in self._waiting:  # applied at no chunk it took
-                self._act(seq, encoded, t, None)
-            self.writer.write({"kind": "end", "chunks": self.chunks, "seconds": self.now()})
-        self.writer.close()
+TraceOut = Path | IO[str] | Callable[[str], Path | IO[str] | None]
+"""Where a recorder writes: one session's file, or each session's (None: not recorded)."""
 
 
 class _Recorded:
-    """What both recorders share: the recording, and how what passes is seen."""
+    """What both recorders share: the recordings, and how what passes is seen."""
 
     def __init__(
         self,
         manifest: Manifest,
         engine: str,
-        out: Path | IO[str],
+        out: TraceOut,
         session: str | None,
         identity: Mapping[str, Any] | None,
         device: str | None,
         heavy_keys: list[str] | None,
     ) -> None:
-        header = header_of(
+        self._header = header_of(
             manifest, engine, identity=identity, device=device, heavy_keys=heavy_keys
         )
-        self.recording = Recording(TraceWriter(out), header)
+        self._each = out if callable(out) else None  # a file for each session
+        self._one = None if callable(out) else Recording(TraceWriter(out), self._header)
+        self.recordings: dict[str, Recording] = {}  # the sessions being recorded
         self._wanted = session
         self._kept: list[Notice] = []  # notices read early (see _landing), the caller's still
+
+    @property
+    def recording(self) -> Recording | None:
+        """The one file's recording (None when each session has its own)."""
+        return self._one
 
     def _client_notices(self) -> list[Notice]:
         raise NotImplementedError
 
-    def _landing(self, applied: int) -> None:
-        """Before a chunk lands the acts up to ``applied``: read the notices, so that
-        an act refused meanwhile is written as refused, not as applied there."""
-        if self.recording.passes_over(applied):
+    def _read_notices(self) -> None:
+        """Read the notices now (kept for the caller), so refusals are seen."""
+        with contextlib.suppress(RteError):  # a dead or closed client: nothing more comes
             self._kept += self._saw_notices(self._client_notices())
 
+    def _landing(self, recording: Recording, applied: int) -> None:
+        """Before a chunk lands the acts up to ``applied``: read the notices, so that
+        an act refused meanwhile is written as refused, not as applied there."""
+        if recording.passes_over(applied):
+            self._read_notices()
+
     def _recorded(self, session: str) -> bool:
-        return session == self.recording.session
+        return session in self.recordings
 
     def _check_attach(self, session: str, conditioning: Mapping[str, Any] | None) -> bool:
-        """Whether this attach is the recorded one (its conditioning checked first)."""
-        if self.recording.session is not None or self._wanted not in (None, session):
+        """Whether this attach may be a recorded one (its conditioning checked first)."""
+        if session in self.recordings or self._wanted not in (None, session):
+            return False
+        if self._one is not None and (self._one.session is not None or self._one.done):
             return False
         encode_value(dict(conditioning or {}))  # a value a trace cannot hold: before it is sent
         return True
 
+    def _begin(
+        self,
+        session: str,
+        conditioning: Mapping[str, Any],
+        credits: int,
+        priority: int,
+        from_zero: bool = False,
+    ) -> None:
+        """Record ``session`` (attached) from here: into the one file, or its own."""
+        if self._each is None:
+            recording = self._one
+            assert recording is not None
+        else:
+            try:
+                out = self._each(session)
+                if out is None:
+                    return
+                writer = TraceWriter(out)
+            except OSError as exc:  # the session is attached all the same
+                log.warning("no trace of %r: %s", session, exc)
+                return
+            recording = Recording(writer, self._header, from_zero)
+        self.recordings[session] = recording
+        recording.attached(session, conditioning, credits, priority)
+
+    def end(self, session: str) -> Recording | None:
+        """End ``session``'s trace now (the session goes on, unrecorded); its
+        recording, or None if it was not being recorded."""
+        if session not in self.recordings:
+            return None
+        self._read_notices()
+        recording = self.recordings.pop(session)
+        recording.end()
+        return recording
+
+    def _act_encoded(self, session: str, conditioning: Mapping[str, Any]) -> Any:
+        return encode_value(dict(conditioning)) if self._recorded(session) else None
+
+    def _acted(self, session: str, seq: int, encoded: Any) -> None:
+        recording = self.recordings.get(session)
+        if recording is not None:
+            recording.acted(seq, encoded)
+
+    def _resetting(self, session: str, conditioning: Mapping[str, Any] | None) -> bool:
+        """Before a reset of ``session``: end its trace and begin the next (refused with
+        one file); whether it was recorded."""
+        recording = self.recordings.get(session)
+        if recording is None:
+            return False
+        if self._each is None:
+            raise RequestError(f"session {session!r} is being recorded: a trace holds no reset")
+        if conditioning is not None:
+            encode_value(dict(conditioning))
+        self.end(session)
+        keep = decode_value(recording.conditioning) if conditioning is None else conditioning
+        self._begin(session, keep, recording.credits, recording.priority, from_zero=True)
+        return True
+
     def _saw_chunk(self, chunk: Chunk | None) -> Chunk | None:
-        if chunk is not None and self._recorded(chunk.session):
-            self._landing(chunk.applied)
-            self.recording.chunk(chunk.chunk, chunk.latent, chunk.applied)
+        if chunk is not None and (recording := self.recordings.get(chunk.session)) is not None:
+            self._landing(recording, chunk.applied)
+            recording.chunk(chunk.chunk, chunk.latent, chunk.applied)
         return chunk
 
     def _saw_batch(self, batch: ChunkBatch | None) -> ChunkBatch | None:
-        if batch is not None:
+        if batch is not None and self.recordings:
             for i, session in enumerate(batch.sessions):
-                if self._recorded(session):
-                    self._landing(batch.applied_of(i))
-                    latent = batch.latents[i]
-                    self.recording.chunk(
-                        batch.chunk_index(i), np.asarray(latent), batch.applied_of(i)
-                    )
+                if (recording := self.recordings.get(session)) is not None:
+                    applied = batch.applied_of(i)
+                    self._landing(recording, applied)
+                    recording.chunk(batch.chunk_index(i), np.asarray(batch.latents[i]), applied)
         return batch
 
     def _saw_notices(self, notices: list[Notice]) -> list[Notice]:
         for notice in notices:
-            if notice.kind is NoticeKind.ERROR and self._recorded(notice.session) and notice.seq:
-                self.recording.refused(notice.seq, notice.message)
+            recording = self.recordings.get(notice.session)
+            if notice.kind is NoticeKind.ERROR and recording is not None and notice.seq:
+                recording.refused(notice.seq, notice.message)
         return notices
+
+    def _end_all(self) -> None:
+        for session in list(self.recordings):
+            self.end(session)
+        if self._one is not None:
+            self._one.end()
 
 
 class Recorder(_Recorded):
-    """An :class:`EngineClient` whose session (``session``, or the first attached) is
-    recorded into ``out``; ``identity``, ``device`` and ``heavy_keys`` go into the
-    header when the caller knows them (a client does not say). ``close()`` or the
-    end of a ``with`` block ends the trace; the client stays the caller's."""
+    """An :class:`EngineClient` whose sessions are recorded into ``out`` (a file:
+    ``session``, or the first attached; a function: each session's file);
+    ``identity``, ``device`` and ``heavy_keys`` go into the header when the caller
+    knows them (a client does not say). ``close()`` or the end of a ``with`` block
+    ends every trace; the client stays the caller's."""
 
     def __init__(
         self,
         client: EngineClient,
-        out: Path | IO[str],
+        out: TraceOut,
         *,
         session: str | None = None,
         identity: Mapping[str, Any] | None = None,
@@ -222,22 +224,27 @@ class Recorder(_Recorded):
             session, conditioning, credits=credits, timeout=timeout, priority=priority, wait=wait
         )
         if record:
-            self.recording.attached(session, conditioning or {}, credits, priority)
+            self._begin(session, conditioning or {}, credits, priority)
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """:meth:`EngineClient.act`; the action recorded (copied before it is sent)."""
-        recorded = self._recorded(session)
-        encoded = encode_value(dict(conditioning)) if recorded else None
+        encoded = self._act_encoded(session, conditioning)
         seq = self.client.act(session, conditioning, timeout=timeout)
-        if recorded:
-            self.recording.acted(seq, encoded)
+        self._acted(session, seq, encoded)
         return seq
 
-    def reset(self, session: str, *args: Any, **kwargs: Any) -> None:
-        """Refused for the recorded session (a trace is one attach's life), else passed on."""
-        if self._recorded(session):
-            raise RequestError(f"session {session!r} is being recorded: a trace holds no reset")
-        self.client.reset(session, *args, **kwargs)
+    def reset(
+        self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
+    ) -> None:
+        """:meth:`EngineClient.reset`: a recorded session's trace ends and its next
+        life's begins (with one file: refused, RequestError)."""
+        recorded = self._resetting(session, conditioning)
+        try:
+            self.client.reset(session, conditioning, timeout=timeout)
+        except BaseException:
+            if recorded:
+                self.end(session)  # refused: it goes on as it was, unrecorded
+            raise
 
     def poll(self, timeout: float = 1.0) -> Chunk | None:
         return self._saw_chunk(self.client.poll(timeout))
@@ -257,17 +264,19 @@ class Recorder(_Recorded):
         return self.client.notices()
 
     def detach(self, session: str, *, timeout: float = 5.0) -> None:
-        self.client.detach(session, timeout=timeout)
+        """:meth:`EngineClient.detach`; the session's trace ends."""
+        try:
+            self.client.detach(session, timeout=timeout)
+        finally:
+            self.end(session)
 
     @property
     def manifest(self) -> Manifest:
         return self.client.manifest
 
     def close(self) -> None:
-        """End the trace (the refusals still waiting read first). Idempotent."""
-        if not self.recording.done and not self.client.closed:
-            self.notices()
-        self.recording.end()
+        """End every trace (the refusals still waiting read first). Idempotent."""
+        self._end_all()
 
     def __enter__(self) -> Recorder:
         return self
@@ -282,7 +291,7 @@ class AsyncRecorder(_Recorded):
     def __init__(
         self,
         client: AsyncClient,
-        out: Path | IO[str],
+        out: TraceOut,
         *,
         session: str | None = None,
         identity: Mapping[str, Any] | None = None,
@@ -305,18 +314,29 @@ class AsyncRecorder(_Recorded):
         await self.client.attach(
             session, conditioning, credits=credits, timeout=timeout, priority=priority
         )
-        if record:
-            self.recording.attached(session, conditioning or {}, credits, priority)
+        if record:  # (no chunk of it was handed out meanwhile: it had none)
+            self._begin(session, conditioning or {}, credits, priority)
 
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
     ) -> int:
-        recorded = self._recorded(session)
-        encoded = encode_value(dict(conditioning)) if recorded else None
+        # the send and its seq's return do not yield: no chunk can land it before
+        # it is recorded as sent
+        encoded = self._act_encoded(session, conditioning)
         seq = await self.client.act(session, conditioning, timeout=timeout)
-        if recorded:
-            self.recording.acted(seq, encoded)
+        self._acted(session, seq, encoded)
         return seq
+
+    async def reset(
+        self, session: str, conditioning: Mapping[str, Any] | None = None, *, timeout: float = 5.0
+    ) -> None:
+        recorded = self._resetting(session, conditioning)
+        try:
+            await self.client.reset(session, conditioning, timeout=timeout)
+        except BaseException:
+            if recorded:
+                self.end(session)
+            raise
 
     async def poll(self, timeout: float = 1.0) -> Chunk | None:
         return self._saw_chunk(await self.client.poll(timeout))
@@ -336,13 +356,14 @@ class AsyncRecorder(_Recorded):
         return self.client.notices()
 
     async def detach(self, session: str, *, timeout: float = 5.0) -> None:
-        await self.client.detach(session, timeout=timeout)
+        try:
+            await self.client.detach(session, timeout=timeout)
+        finally:
+            self.end(session)
 
     def close(self) -> None:
-        """End the trace (the client stays the caller's). Idempotent."""
-        if not self.recording.done and not self.client.closed:
-            self.notices()
-        self.recording.end()
+        """End every trace (the client stays the caller's). Idempotent."""
+        self._end_all()
 
     async def __aenter__(self) -> AsyncRecorder:
         return self
