@@ -88,6 +88,13 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="record each session to DIR/SESSION.mp4 with its actions in DIR/SESSION.jsonl",
     )
+    p.add_argument(
+        "--record-traces",
+        type=Path,
+        metavar="DIR",
+        help="write each session's trace to DIR/SESSION.trace.jsonl (its actions and "
+        "every chunk's hash: rte replay makes it again)",
+    )
     p.set_defaults(func=play)
 
 
@@ -118,6 +125,10 @@ def play(args: argparse.Namespace) -> int:
             ) from None
     if args.scale < 0:
         raise ConfigurationError(f"--scale {args.scale}: 0 (automatic) or more")
+    if args.record_traces is not None:
+        from rte.play.traces import TraceFiles  # noqa: PLC0415 (a bad DIR: before any daemon)
+
+        TraceFiles(args.record_traces)
     if args.name is not None and args.wait > 0:
         print(f"rte play: waiting up to {args.wait:g} s for daemon {args.name!r}", file=sys.stderr)
 
@@ -137,5 +148,6 @@ def play(args: argparse.Namespace) -> int:
             ice_hosts=tuple(args.ice_host) or ("127.0.0.1",),
             scale=args.scale,
             record=args.record,
+            traces=args.record_traces,
         )
     )

@@ -6,7 +6,8 @@ channel) or over a WebSocket (here: raw RGB, the fallback); both are a
 the two transports differ only in how a frame and a text leave.
 
 Each tab is a session of the daemon, attached with one credit
-through the gateway's single :class:`~rte.client.AsyncClient`. One reader task
+through the gateway's single :class:`~rte.client.AsyncClient` (with
+``traces``, a recorder of it: :mod:`rte.play.traces`). One reader task
 polls the client's batches, copies each row's RGB bytes out, releases the
 batch at once and offers the copy to its tab; each tab has a sender (a task,
 or the WebRTC track) and a mailbox of one frame (and a few text messages),
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from rte.client import AsyncClient, ChunkBatch, NoticeKind
 from rte.errors import ClientClosedError, EngineGone, RequestError, RteError
+from rte.play.traces import end_traces, link_of
 
 if TYPE_CHECKING:
     from rte.play.record import Recorder
@@ -154,8 +156,10 @@ class Gateway:
         max_fps: float,
         record: Path | None = None,
         record_from_start: bool = True,
+        traces: Path | None = None,
     ) -> None:
         self.client = client
+        self.link = link_of(client, traces)  # what it talks through: traces record there
         self.prompt = prompt
         self.period_s = 1.0 / max_fps
         self.record = record  # where recordings go (None: nowhere; the API refuses)
@@ -175,7 +179,7 @@ class Gateway:
         """Poll batches until the gateway closes; the daemon's death tells every tab."""
         try:
             while not self.closing:
-                batch = await self.client.poll_batch(POLL_S)
+                batch = await self.link.poll_batch(POLL_S)
                 if batch is not None:
                     with batch:
                         self._hand_out(batch)
@@ -207,7 +211,7 @@ class Gateway:
                     self._spawn(self._move(tab, STILL))
 
     def _forward_notices(self) -> None:
-        for notice in self.client.notices():
+        for notice in self.link.notices():
             if notice.kind is NoticeKind.ERROR or (
                 notice.kind is NoticeKind.DETACHED and notice.message
             ):
@@ -243,7 +247,7 @@ class Gateway:
         self._opened += 1
         tab.session = f"tab-{self._opened}-{self._id}"
         try:
-            await self.client.attach(tab.session, {"prompt": self.prompt, "move": STILL}, credits=1)
+            await self.link.attach(tab.session, {"prompt": self.prompt, "move": STILL}, credits=1)
         except RteError as exc:  # AdmissionError: the arena is full; EngineGone
             return f"no session: {exc}"
         self.tabs[tab.session] = tab
@@ -270,7 +274,8 @@ class Gateway:
         self.stop_recording(tab)
         if not self.closing and self.gone is None:
             with contextlib.suppress(RequestError, EngineGone, ClientClosedError):
-                await self.client.detach(tab.session)
+                await self.link.detach(tab.session)
+        end_traces(self.link, tab.session)  # (a detach ended it; not when stopping)
 
     async def request(
         self, tab: Tab, data: dict[str, Any] | str, *, unordered: bool = False
@@ -288,7 +293,7 @@ class Gateway:
             if "reset" in data:
                 if data["reset"] is not True:
                     raise RequestError(f"reset must be true, got {data['reset']!r:.40}")
-                await self.client.reset(tab.session)
+                await self.link.reset(tab.session)
                 tab.moved_ns, tab.stop_pending = 0, False
             elif "move" in data:
                 if unordered and seq and seq <= tab.move_seq:
@@ -296,7 +301,7 @@ class Gateway:
                 tab.move_seq = max(tab.move_seq, seq)
                 await self._steer(tab, data["move"], seq, arrived)
             elif "prompt" in data:
-                sent = await self.client.act(tab.session, {"prompt": data["prompt"]})
+                sent = await self.link.act(tab.session, {"prompt": data["prompt"]})
                 tab.acted(sent, seq, arrived)
             else:
                 raise RequestError(f"unknown message: {sorted(data)} (move, prompt or reset)")
@@ -325,7 +330,7 @@ class Gateway:
         with contextlib.suppress(EngineGone, ClientClosedError):  # the reader says so
             if not seq and tab.stop_pending:  # the stop deferred till its move showed
                 seq, arrived = tab.stop_seq
-            sent = await self.client.act(tab.session, {"move": move})
+            sent = await self.link.act(tab.session, {"move": move})
             tab.acted(sent, seq, arrived or time.monotonic_ns())
             still = move == STILL
             tab.moved_ns, tab.after_move = (0 if still else time.monotonic_ns()), 0
@@ -371,6 +376,7 @@ class Gateway:
         """Tell every tab we stop and close their sockets (their sessions leave
         with the client, which the caller closes next)."""
         self.closing = True
+        end_traces(self.link)  # first: whatever happens next, they are whole
         tabs = list(self.tabs.values())
         await asyncio.gather(*(t.end({"type": "bye"}) for t in tabs))
         for tab in tabs:

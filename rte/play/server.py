@@ -5,8 +5,9 @@ starts), launches a daemon or connects to ``name``, serves the gateway's app
 (:mod:`rte.play.app`: the page, ``POST /offer`` for WebRTC unless
 ``transport`` is ``websocket``, ``GET /ws``, ``/recordings/SESSION``), prints
 one ready line with the URL, and runs until
-SIGTERM, SIGINT or SIGHUP, or until the daemon dies. Then it tells the tabs,
-closes their sockets, closes the client (which detaches every session) and
+SIGTERM, SIGINT or SIGHUP, or until the daemon dies. Then it ends the
+sessions' traces (``traces``: :mod:`rte.play.traces`), tells the tabs, closes
+their sockets, closes the client (which detaches every session) and
 stops a daemon it launched.
 
 Only this machine's pages may open a socket: a request whose Host or Origin
@@ -57,6 +58,7 @@ class PlaySettings:
     scale: int = 0  # the video's integer upscale (0: to about 256 px)
     record: Path | None = None  # where recordings go: every session's, or on request
     record_from_start: bool = True  # False: only what POST /recordings/SESSION asks for
+    traces: Path | None = None  # where each session's trace goes (rte.play.traces)
 
 
 def bind(port: int) -> socket.socket:
@@ -146,6 +148,7 @@ async def _serve(
         max_fps=settings.max_fps,
         record=settings.record,
         record_from_start=settings.record_from_start,
+        traces=settings.traces,
     )
     port = int(sock.getsockname()[1])
     webrtc = None
