@@ -5,8 +5,9 @@ A real ``rte play --record-traces DIR`` of a real daemon of the trained
 key presses, the server stopped by Ctrl-C with the tab still open; then the
 real ``rte replay`` (a child process) makes every chunk of the tab's trace
 again, bit for bit, and a trace whose action was changed diverges at the chunk
-that action applied at. A tab that closes while the server runs has its trace
-ended then, and SIGTERM ends the traces of the tabs still open.
+that action applied at. A tab's Reset ends its trace and begins its next
+life's, a tab that closes while the server runs has its trace ended then, and
+SIGTERM ends the traces of the tabs still open: each replays identically.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def test_a_browser_session_replays_identically_and_a_changed_action_where_it_app
     assert f"({act['chunk']} chunks identical before it" in done.stdout, done.stdout
 
 
-def test_a_closed_tab_s_trace_ends_and_sigterm_ends_those_still_open(
+def test_a_reset_and_a_closed_tab_end_their_traces_and_sigterm_ends_the_rest(
     daemon: DaemonProcess,  # noqa: F811
     tmp_path: Path,
 ) -> None:
@@ -151,10 +152,14 @@ def test_a_closed_tab_s_trace_ends_and_sigterm_ends_those_still_open(
                 for tab, move in ((closing, [0, 1]), (staying, [1, 0])):
                     await tab.ws.send_str(json.dumps({"move": move, "seq": 1}))
                     await tab.streams("after a move")
-                await closing.close()  # its session detaches: its trace ends, play goes on
                 name = closing.of("hello")[0]["session"]
+                await closing.ws.send_str('{"reset": true, "seq": 2}')  # its next life's trace
                 trace = await ended(trace_of(traces, name))
                 assert trace.chunks and applied_moves(trace)[0][1] == (0, 1)
+                await closing.streams("after the reset")
+                await closing.close()  # its session detaches: its trace ends, play goes on
+                after = await ended(trace_of(traces, f"{name}-2"))
+                assert after.chunks[0].index == 0 and after.conditioning["move"] == (0, 1)
                 await staying.streams("the tab still open")
                 assert await asyncio.to_thread(play.stop, signal.SIGTERM) == 0, play.said()
                 await staying.close()
@@ -164,7 +169,8 @@ def test_a_closed_tab_s_trace_ends_and_sigterm_ends_those_still_open(
         play.stop()
     assert "Traceback" not in play.said(), play.said()
     finished = [read_trace(path) for path in sorted(traces.iterdir())]
-    assert len(finished) == 2 and all(t.seconds is not None for t in finished), finished
-    for trace in finished:  # whole up to their end lines, and as they were made
-        done = replay(trace_of(traces, trace.session))
-        assert done.returncode == 0 and f"identical, {len(trace.chunks)} chunks" in done.stdout
+    assert len(finished) == 3 and all(t.seconds is not None for t in finished), finished
+    for path, trace in zip(sorted(traces.iterdir()), finished, strict=True):
+        done = replay(path)  # whole up to their end lines, and as they were made
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
