@@ -25,7 +25,9 @@ session with no tab here, 409 for a start while recording, a stop while not,
 or a gateway given no directory. The page uses relative URLs, so
 the app may be mounted under a prefix (``add_subapp``). With ``read=True`` the
 app runs the gateway's reader from its startup and closes the gateway (and
-the client) at its cleanup; ``rte play`` does both itself.
+the client) at its cleanup; ``rte play`` does both itself. A gateway made with
+``traces=DIR`` records each tab's trace (:mod:`rte.play.traces`); closing it
+ends them.
 """
 
 from __future__ import annotations
