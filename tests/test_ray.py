@@ -82,6 +82,10 @@ from test_client import (  # noqa: E402, F401
     test_refused_requests_raise_or_tell_and_change_nothing,
     test_reset_restarts_identically_and_a_refused_one_changes_nothing,
 )
+from test_migrate import (  # noqa: E402, F401 (export on both paths: a slot here, an ObjectRef there)
+    test_an_export_refused_leaves_the_others_as_they_were,
+    test_an_exported_session_goes_on_elsewhere_as_its_twin,
+)
 
 NODES = 3
 

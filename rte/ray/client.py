@@ -17,20 +17,32 @@ node dies, its sessions alone are lost: an ERROR notice says ``EngineGone``,
 calls naming them raise :class:`~rte.errors.EngineGone`, and ``attach`` admits
 them again on a live daemon.
 
+:meth:`RayClient.migrate` moves a session to another host (a daemon's name, a
+node's id or a host's index) and :meth:`RayClient.drain` every session of this
+caller off one, as a pool's do (:mod:`rte.client.migration`): exported where it
+is, attached with its state there, its chunk indices going on with no gap or
+repeat; a state leaving or reaching another node goes through Ray's object
+store (:mod:`rte.ray.relay`). A move refused everywhere goes back where it was
+(:class:`~rte.client.migration.MigrationError` holds the state if even that fails).
+
 :meth:`RayClient.take` is the older convenience: every chunk that came, copied
 out and released, as :class:`Frame` s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rte.client.base import EngineClient
+from rte.client.migration import MigrationError
+from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
+from rte.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,9 @@ class Frame:
     chunk: int
     latent: np.ndarray[Any, Any]
     path: str  # "shm": this node's daemon, in place; "ray": another node's, pushed by its host
+
+
+Where = str | int  # a daemon's name, a node's id, or a host's index
 
 
 class RayClient(EngineClient):
@@ -55,11 +70,82 @@ class RayClient(EngineClient):
         super().__init__(RayTransport(router, hosts))
         ray = self.transport
         self.router, self.hosts, self.owner = router, hosts, ray.owner
-        self.places, self.home, self.lost = ray.places, ray.home, ray.lost
+        self.places, self.home, self.lost = ray.places, ray.at, ray.lost
 
     def path(self, session: str) -> str:
         """``"shm"`` when the session's daemon is on this node, else ``"ray"``."""
         return self.transport.path(session)
+
+    def migrate(self, session: str, to: Where | Sequence[Where], *, timeout: float = 5.0) -> str:
+        """Move ``session`` to host ``to`` (a daemon's name, a node's id, a host's
+        index; or the first of several that takes it); the daemon it went to.
+        Raises as :meth:`PoolClient.migrate <rte.client.pool.PoolClient.migrate>`."""
+        ray = self.transport
+        old = ray.home.get(session)
+        if old is None or session not in self.sessions:
+            raise UnknownSessionError(f"session {session!r} is not attached to {ray.name!r}")
+        wanted = [to] if isinstance(to, str | int) else list(to)
+        targets = [name for where in wanted for name in self._names(where)]
+        for name in targets:
+            if name == old:
+                raise RequestError(f"session {session!r} lives on {name!r} already")
+        if not any(name in ray.live() for name in targets):
+            raise EngineGone(f"no daemon of {targets} is live: {session!r} stays on {old!r}")
+        state = self.export(session, timeout=timeout)
+        try:
+            return self._attach_on(session, state, targets, timeout)
+        except RteError as refused:
+            try:
+                self._attach_on(session, state, [old], timeout)
+            except RteError as also:
+                raise MigrationError(
+                    f"moving {session!r}: refused by {targets} ({refused}) and by "
+                    f"{old!r} it came from ({also}); attach it with state=error.state",
+                    state,
+                ) from refused
+            raise AdmissionError(
+                f"moving {session!r} to {targets}: {refused}; it is back on {old!r}, going on"
+            ) from refused
+
+    def drain(self, name: Where, *, timeout: float = 5.0) -> dict[str, str]:
+        """Move every session of this caller off host ``name`` (a daemon's name, a
+        node's id, a host's index) to the other live ones, most free rows first;
+        session -> the daemon it went to. The first that cannot move raises as
+        :meth:`migrate` does (those before it moved)."""
+        ray, moved = self.transport, {}
+        for daemon in self._names(name):
+            for session in sorted(s for s in self.sessions if ray.home.get(s) == daemon):
+                others = [n for n in ray.live() if n != daemon]
+                if not others:
+                    raise EngineGone(f"draining {daemon!r}: no other host's daemon is live")
+                others.sort(key=ray.free_rows, reverse=True)
+                moved[session] = self.migrate(session, others, timeout=timeout)
+        return moved
+
+    def _attach_on(
+        self, session: str, state: SessionState, names: list[str], timeout: float
+    ) -> str:
+        """Attach ``session`` with ``state`` on the first of ``names`` that takes it."""
+        pinned = self.transport.pinned
+        pinned[session] = names
+        try:
+            self.attach(session, state=state, timeout=timeout)
+        finally:
+            del pinned[session]
+        return self.transport.home.get(session, "")
+
+    def _names(self, where: Where) -> list[str]:
+        """The daemons ``where`` names: itself, those on that node, or that host's."""
+        if isinstance(where, int) and not isinstance(where, bool):
+            if not 0 <= where < len(self.places):
+                raise RequestError(f"host {where} is not one of {len(self.places)} hosts")
+            return [self.places[where][0]]
+        on_node = [daemon for daemon, node in self.places if node == where]
+        if on_node:
+            return on_node
+        if where not in self.transport.members:
+            raise RequestError(f"{where!r} is neither a daemon nor a node of {self.name!r}")
+        return [str(where)]
 
     def take(self, timeout: float = 1.0) -> list[Frame]:
         """Every chunk that came (waiting up to ``timeout`` s for the first), copied

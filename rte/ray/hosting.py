@@ -180,6 +180,13 @@ class Router:
         with self.lock:
             self.placement.release(session)
 
+    def settle(self, session: str, index: int, owner: str) -> None:
+        """``session`` (``owner``'s) now lives on host ``index``: a move's target,
+        chosen by its caller (a daemon that refuses it is released again)."""
+        with self.lock:
+            self.placement.release(session)
+            self.placement.settle(session, index, owner)
+
     def lost(self, owner: str) -> list[tuple[str, int]]:
         """The sessions of ``owner`` whose host died since it last asked, each with
         that host (a session admitted again since lives elsewhere: not lost)."""

@@ -20,6 +20,13 @@ each caller's chunks are that slot's, no sorting between callers) and relays:
   the rows (:meth:`Relay.give_back`, the caller's releases gathered into one
   call), so credits hold end to end: a caller that stops reading stalls its own
   sessions, and neither this actor nor the object store grows.
+- **states through the object store**: an export is sent with a slot of this
+  slot's input segment for the daemon to write the state into; when its
+  EXPORTED comes, the state's bytes are put in Ray's object store here and an
+  :class:`Exported` (the ObjectRef, not the bytes) goes out just before the
+  notice. An attach that moves a session in carries a :class:`StoredState` (the
+  caller's ObjectRef) in place of the bytes: this host fetches them from the
+  object store, then lends them to its daemon's input slab as any large input.
 
 Everything runs on the actor's one event loop thread: the slot is never used
 from two threads.
@@ -40,7 +47,8 @@ from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmTransport
 from rte.contract import Manifest, Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError
-from rte.protocol.requests import Request
+from rte.protocol.inputs import with_conditioning
+from rte.protocol.requests import STATE_KEY, Attach, Export, Request
 
 CHECK_EVERY_S = 0.25  # a sleeping relay checks its daemon's liveness this often
 RETRY_S = 0.0005  # no room in the daemon's inbox: try again after this
@@ -69,7 +77,24 @@ class Ended:
     why: str
 
 
-Message = list[Step | Notice | Ended]
+@dataclass(frozen=True)
+class Exported:
+    """The state an export (``seq``) handed over: its bytes (uint8) in Ray's object
+    store at ``ref``; the EXPORTED notice follows in the same message."""
+
+    seq: int
+    ref: Any
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """An attach's state by reference (in its conditioning, under the state key):
+    its bytes (uint8) in Ray's object store at ``ref``, fetched by the host."""
+
+    ref: Any
+
+
+Message = list[Step | Exported | Notice | Ended]
 
 
 class Relay:
@@ -81,23 +106,36 @@ class Relay:
         self.held: dict[int, list[Any]] = {}  # ident -> [batch, rows not yet given back]
         self._next = 0
         self._early: list[Notice] = []  # refusals of requests, to go out first
+        self._exports: dict[int, Export] = {}  # seq -> an export sent with its slot
         self._woke: asyncio.Future[None] | None = None  # what the stream sleeps on
         self._streaming = False
         self.closed = False
-        self.counts = {"messages": 0, "steps": 0, "give_backs": 0}  # what it relayed so far
+        # what it relayed so far (states: through the object store, each way)
+        self.counts = dict.fromkeys(
+            ("messages", "steps", "give_backs", "states_out", "states_in"), 0
+        )
 
     # -- requests in ------------------------------------------------------------
 
     async def send(self, request: Request, room_s: float) -> None:
         """Lend and send ``request`` (its first try before any await: the order of
-        the caller's calls is the order sent); what cannot be sent goes back as an
-        ERROR notice for its seq."""
+        the caller's calls is the order sent; only an attach moving a state in
+        awaits its bytes first, and the caller waits for its answer); what cannot
+        be sent goes back as an ERROR notice for its seq."""
         if self.closed:
             return
         transport = self.transport
         deadline = time.monotonic() + room_s
         try:
-            lent = transport.lend(request, 0.0)
+            if isinstance(request, Attach) and isinstance(
+                request.conditioning.get(STATE_KEY), StoredState
+            ):
+                request = await self._fetched(request)
+            lent: Request
+            if isinstance(request, Export):
+                lent = self._exports[request.seq] = transport.export_into(request, 0.0)
+            else:
+                lent = transport.lend(request, 0.0)
             try:
                 while True:
                     try:
@@ -109,12 +147,20 @@ class Relay:
                     await asyncio.sleep(RETRY_S)
             except BaseException:
                 transport.unlend(lent)
+                self._export_done(request.seq)
                 raise
         except RteError as exc:  # as the caller's own call would have raised it
             kind = NoticeKind.REJECTED if isinstance(exc, AdmissionError) else NoticeKind.ERROR
             why = str(exc) if kind is NoticeKind.REJECTED else f"{type(exc).__name__}: {exc}"
             self._early.append(Notice(request.session, kind, why, request.seq))
             self._poke()
+
+    async def _fetched(self, request: Attach) -> Attach:
+        """``request`` with its state's bytes, fetched from the object store."""
+        stored: StoredState = request.conditioning[STATE_KEY]
+        data = await stored.ref
+        self.counts["states_in"] += 1
+        return with_conditioning(request, {**request.conditioning, STATE_KEY: data})
 
     def give_back(self, releases: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
         """The caller released these rows (by batch): their slots go back."""
@@ -172,8 +218,35 @@ class Relay:
             if isinstance(item, ChunkBatch):
                 message.append(self._step(item))
             elif isinstance(item, Notice):
-                message.append(item)
+                if item.seq in self._exports:
+                    message += self._handed_over(item)
+                else:
+                    message.append(item)
         return message
+
+    def _handed_over(self, notice: Notice) -> list[Exported | Notice]:
+        """An export's answer: on EXPORTED, its state's bytes put in the object store."""
+        import ray  # noqa: PLC0415 (an actor: Ray is there)
+
+        if notice.kind is not NoticeKind.EXPORTED:  # (its DETACHED, or a refusal)
+            if notice.kind is not NoticeKind.DETACHED:
+                self._export_done(notice.seq)
+            return [notice]
+        try:
+            state = self.transport.exported(self._exports[notice.seq], int(notice.message))
+        except RteError as exc:  # (torn bytes: said to the caller's waiting export)
+            why = f"{type(exc).__name__}: {exc}"
+            return [Notice(notice.session, NoticeKind.ERROR, why, notice.seq)]
+        finally:
+            self._export_done(notice.seq)
+        ref = ray.put(np.frombuffer(state.to_bytes(), np.uint8))
+        self.counts["states_out"] += 1
+        return [Exported(notice.seq, ref), notice]
+
+    def _export_done(self, seq: int) -> None:
+        lent = self._exports.pop(seq, None)
+        if lent is not None and not self.transport.closed:
+            self.transport.export_done(lent)
 
     def _step(self, batch: ChunkBatch) -> Step:
         ident, self._next = self._next, self._next + 1

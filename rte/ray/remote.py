@@ -10,6 +10,14 @@ daemons' FIFOs and these eventfds, or an event loop's ``add_reader``) wakes
 for them as for any other arrival, and nothing asks the host for chunks.
 Releases are gathered and given back in one actor call at the caller's next
 wait or receive (:meth:`RemoteMember.flush`).
+
+States cross through Ray's object store, never an actor call's arguments: an
+attach moving a session in puts the state's bytes there (``ray.put``, this
+caller the owner) and sends the host a :class:`~rte.ray.relay.StoredState`
+(the ObjectRef), which the host fetches; an export's state arrives as an
+:class:`~rte.ray.relay.Exported` (the host's ObjectRef) just before its
+EXPORTED notice, and is fetched here only when the caller asks for it
+(:meth:`RemoteMember.state`).
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import by_reference
 from rte.client.transport import Arrival
 from rte.contract import Manifest, Notice
-from rte.errors import EngineGone
-from rte.protocol.requests import Request
+from rte.errors import EngineGone, RequestError
+from rte.protocol.inputs import with_conditioning
+from rte.protocol.requests import STATE_KEY, Attach, Export, Request
 from rte.protocol.wire import encode_request
-from rte.ray.relay import Ended, Message, Step
+from rte.ray.relay import Ended, Exported, Message, Step, StoredState
+from rte.state import SessionState
 
 OPEN_TIMEOUT_S = 30.0
 JOIN_TIMEOUT_S = 5.0
@@ -59,6 +69,7 @@ class RemoteMember:
         self.ended = ""  # why the stream ended (the daemon or its node gone)
         self._queue: collections.deque[Message] = collections.deque()
         self._releases: list[tuple[int, np.ndarray[Any, Any]]] = []
+        self.states: dict[int, Any] = {}  # seq of an export -> its state's ObjectRef
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._fd_lock = threading.Lock()  # the reader writes it, close closes it
         self._stream = host.stream.remote(owner)
@@ -90,10 +101,15 @@ class RemoteMember:
 
     def send(self, request: Request, room_s: float = 0.0) -> None:
         """Check it against the wire's limits here (WireError before anything is
-        sent), then hand it to the host, not waiting."""
+        sent), then hand it to the host, not waiting (a state moving in: its bytes
+        put in the object store, the host handed their ObjectRef)."""
         if self.ended:
             raise EngineGone(self.ended)
-        encode_request(by_reference(request))
+        if not isinstance(request, Export):  # (its slot is the host's to lend)
+            encode_request(by_reference(request))
+        if isinstance(request, Attach) and STATE_KEY in request.conditioning:
+            stored = StoredState(self.ray.put(request.conditioning[STATE_KEY]))
+            request = with_conditioning(request, {**request.conditioning, STATE_KEY: stored})
         self.host.send.remote(self.owner, request, room_s)
 
     # -- arrivals in ------------------------------------------------------------
@@ -111,9 +127,29 @@ class RemoteMember:
                     out.append(self._batch(item, taken, release))
                 elif isinstance(item, Notice):
                     out.append(item)
+                elif isinstance(item, Exported):
+                    self.states[item.seq] = item.ref
                 else:
                     self.ended = item.why
         return out, self.ended
+
+    def state(self, seq: int, timeout: float = OPEN_TIMEOUT_S) -> SessionState:
+        """The state export ``seq`` handed over, fetched from the object store.
+
+        Raises:
+            RequestError: none came for it (the host's answer had no state).
+            EngineGone: the object store lost it (its host's node is gone).
+        """
+        ref = self.states.pop(seq, None)
+        if ref is None:
+            raise RequestError(f"export {seq} at daemon {self.name!r}: no state was handed over")
+        try:
+            data = self.ray.get(ref, timeout=timeout)
+        except Exception as exc:
+            raise EngineGone(
+                f"the state exported by daemon {self.name!r} is lost: {type(exc).__name__}"
+            ) from None
+        return SessionState.from_bytes(np.ascontiguousarray(data, np.uint8).tobytes())
 
     def _batch(self, step: Step, taken: int, release: Release) -> ChunkBatch:
         for column in (step.latents, step.chunks, step.generated_ns):
