@@ -7,7 +7,8 @@ real ``rte replay`` (a child process) makes every chunk of the tab's trace
 again, bit for bit, and a trace whose action was changed diverges at the chunk
 that action applied at. A tab's Reset ends its trace and begins its next
 life's, a tab that closes while the server runs has its trace ended then, and
-SIGTERM ends the traces of the tabs still open: each replays identically.
+SIGTERM ends the traces of the tabs still open, as the daemon's death does:
+each replays identically.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from test_play import (  # the browser and daemon fixtures are test_play's own
     in_browser,
 )
 
+from rte.protocol.names import DaemonNames
 from rte.trace import Trace, read_trace
 
 DOWN = {"key": "ArrowDown", "code": "ArrowDown", "windowsVirtualKeyCode": 40}
@@ -174,3 +176,34 @@ def test_a_reset_and_a_closed_tab_end_their_traces_and_sigterm_ends_the_rest(
         done = replay(path)  # whole up to their end lines, and as they were made
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
+
+
+def test_a_killed_daemon_ends_the_traces_whole(
+    daemon: DaemonProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    traces = tmp_path / "traces"
+    play = play_recording(daemon, traces)
+    try:
+
+        async def main() -> None:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+                tab = await RawTab.open(http, play.url)
+                await tab.ws.send_str('{"move": [0, -1], "seq": 1}')
+                await tab.streams("after a move")
+                daemon.kill()
+                await tab.until(lambda: tab.of("gone"), "the EngineGone message")
+                await tab.close()
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+        assert play.wait(15) == 1, play.said()
+    finally:
+        play.stop()
+        DaemonNames(daemon.name).remove_leftovers()
+    assert "Traceback" not in play.said(), play.said()
+    (path,) = traces.iterdir()
+    trace = read_trace(path)
+    assert trace.seconds is not None and trace.chunks, "not ended at the daemon's death"
+    done = replay(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
