@@ -1,13 +1,15 @@
 """Run the benchmark suites and print their tables (or one JSON object): ``rte bench``.
 
-    python -m tools.bench [--suite engine|e2e|transport|scale|realtime|all] [--windows 5]
+    python -m tools.bench [--suite engine|e2e|transport|scale|realtime|state|all] [--windows 5]
                           [--json] [--quick] [--plot FILE.png]
 
 Each suite prints a line to stderr per size or peer as it goes; at the end
 come the tables, or with ``--json`` one object holding every suite that ran
-(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``, ``realtime``, ``video``;
-``inputs`` runs with the e2e suite: a large frame in per step; ``realtime``
-measures in time, not in windows: see :mod:`tools.bench_realtime`), which ``python -m
+(under ``engine``, ``e2e``, ``inputs``, ``transport``, ``scale``, ``realtime``, ``video``,
+``ray``, ``state``; ``inputs`` runs with the e2e suite: a large frame in per step;
+``realtime`` and ``state`` measure in time, not in windows: see
+:mod:`tools.bench_realtime` and :mod:`tools.bench_state`; ``video``, ``ray`` and
+``state`` run only when named), which ``python -m
 tools.readme_tables`` turns into the tables of docs/benchmarks.md. ``--quick`` is a smoke
 run (2 windows, few rounds; under a minute). Run from a checkout
 (``tools`` is never installed); ``rte bench`` finds the checkout and runs this.
@@ -28,6 +30,7 @@ from tools import (
     bench_ray,
     bench_realtime,
     bench_scale,
+    bench_state,
     bench_transport,
     bench_video,
 )
@@ -41,7 +44,7 @@ from tools.report import (
 )
 
 SIZES = [1, 8, 64]
-SUITES = ["engine", "e2e", "transport", "scale", "realtime", "video", "ray", "all"]
+SUITES = ["engine", "e2e", "transport", "scale", "realtime", "video", "ray", "state", "all"]
 QUICK_WINDOWS = 2
 
 
@@ -79,6 +82,8 @@ def run(suite: str, n_windows: int, quick: bool) -> dict[str, Any]:
         results["video"] = bench_video.run(bench_video.QUICK if quick else bench_video.Plan())
     if suite == "ray":  # not in "all": the ray extra, a 3-node local cluster
         results["ray"] = bench_ray.run(n_windows, 10 if quick else 50)
+    if suite == "state":  # not in "all": real daemons at 30 Hz for about a minute
+        results["state"] = bench_state.run(bench_state.QUICK if quick else bench_state.Plan())
     return results
 
 
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     tables["realtime"] = bench_realtime.TABLES
     tables["video"] = bench_video.TABLES
     tables["ray"] = bench_ray.TABLES
+    tables["state"] = bench_state.TABLES
     for name, result in results.items():
         print_tables(result, tables[name])
 

@@ -27,7 +27,8 @@ def add_parser(sub: Any) -> None:
         "--suite",
         default="all",
         help="engine, e2e, transport, scale, realtime, video (needs Chromium), ray "
-        "(needs the ray extra) or all (default: every suite but video and ray)",
+        "(needs the ray extra), state (suspend, migrate, drain, checkpoint, replay) or all "
+        "(default: every suite but video, ray and state)",
     )
     p.add_argument(
         "--windows", type=int, help="repeat each measurement this many times (default 5)"
