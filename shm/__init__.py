@@ -55,12 +55,13 @@ from shm.ring_stats import RingStatistics
 from shm.segment import Segment, is_alive
 from shm.slab import Loan, Sample, Slab
 from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState, one_run
-from shm.words import Word
+from shm.words import Counts, Word
 
 __all__ = [
     "BatchLoan",
     "BatchSample",
     "Bell",
+    "Counts",
     "Doorbell",
     "ForeignSegmentError",
     "ForeignSlot",

@@ -11,13 +11,18 @@ what, this says how a word is read and written.
     word = segment.atomic(offset)     # 8-aligned, inside the mapping
     word.store(1); word.load()        # release / acquire
     word.cas(1, 0); word.add(3)       # full barriers
+
+:class:`Counts` is a row of such words that one side adds ones to, a batch's
+worth in one C call (a client's consumed counts: its credits).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shm.native import lib
+import numpy as np
+
+from shm.native import ffi, lib
 
 if TYPE_CHECKING:
     from shm.segment import Segment
@@ -61,3 +66,31 @@ class Word:
 
     def __repr__(self) -> str:
         return f"Word({self.segment.name}+{self.offset})"
+
+
+class Counts:
+    """A row of shared ``uint64`` counters (``words``, a writable ``'Q'``
+    memoryview of a segment, which it holds) that this side adds ones to."""
+
+    __slots__ = ("_n", "_p", "words")
+
+    def __init__(self, words: memoryview) -> None:
+        if words.format != "Q" or words.readonly:
+            raise ValueError("Counts needs a writable memoryview of uint64 words ('Q')")
+        self.words = words
+        self._n = len(words)
+        self._p: Any = ffi.from_buffer("uint64_t[]", words)
+
+    def add_ones(self, index: Any, rows: np.ndarray[Any, Any] | None = None) -> int:
+        """One to ``counts[index[k]]`` for every k, or for every k in ``rows``
+        (int64 positions into ``index``), in one C call, each add a release;
+        ``index`` is a buffer of ``uint32`` (an ``array('I')``). Positions and
+        indices out of range are skipped. Returns how many were added."""
+        n_index = len(index)
+        pointer = ffi.from_buffer("uint32_t[]", index)
+        if rows is None:
+            return int(lib.shm_add_ones(self._p, self._n, pointer, n_index, ffi.NULL, n_index))
+        if rows.dtype != np.int64 or not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows, np.int64)
+        picked = ffi.from_buffer("int64_t[]", rows)
+        return int(lib.shm_add_ones(self._p, self._n, pointer, n_index, picked, len(rows)))

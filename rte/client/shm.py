@@ -30,6 +30,7 @@ what it means for the caller.
 from __future__ import annotations
 
 import time
+from array import array
 from typing import Any, cast
 
 import numpy as np
@@ -46,16 +47,17 @@ from rte.protocol.control import Control
 from rte.protocol.requests import Export, Request
 from rte.protocol.wire import StepColumns, decode_reply, encode_request, reply_handle
 from rte.state import SessionState
-from shm import BatchSample, ForeignSlot, Ring, ShmError, StaleSlot, WaitPolicy
+from shm import BatchSample, Counts, ForeignSlot, Ring, ShmError, StaleSlot, WaitPolicy
 
 TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
 TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
 
 
 class SlotLease:
-    """A batch's hold on its slab slots, and which sessions (handle, binding) it credits."""
+    """A batch's hold on its slab slots, and which sessions (handle, binding) it
+    credits (``index``: the handles as ``uint32`` words, for the one C call)."""
 
-    __slots__ = ("bindings", "handles", "sample", "tokens", "transport")
+    __slots__ = ("bindings", "handles", "index", "sample", "tokens", "transport")
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class SlotLease:
         self.transport = transport  # the one that gives the slots back
         self.sample = sample
         self.handles = handles
+        self.index = array("I", handles)
         self.tokens = tokens
         self.bindings = bindings  # the transport's binding changes when it was made
 
@@ -97,6 +100,7 @@ class ShmTransport(Transport):
         self.inbox: Ring = mailbox.inbox
         self.outbox: Ring = mailbox.outbox
         self._block, self._note_pop, self._check = mailbox.block, mailbox.note_pop, slot.check
+        self._consumed = Counts(mailbox.block.tally)  # a batch's credits in one C call
         self._lender = slot.lender
         self._dtype = np.dtype(self.manifest.latent_dtype)
         self._shape = self.manifest.latent_shape
@@ -258,16 +262,12 @@ class ShmTransport(Transport):
                 lease.sample.release_rows(rows)
         except (StaleSlot, ForeignSlot):
             return  # not ours any more (reclaimed): nothing to give back or credit
-        tally, handles = self._block.tally, lease.handles
         if lease.bindings == self._bindings:  # no binding changed since: every row credits
-            for handle in handles if whole else map(handles.__getitem__, rows.tolist()):
-                tally[handle] += 1
+            self._consumed.add_ones(lease.index, None if whole else rows)
         else:
-            tokens = self._tokens
-            for row in range(len(rows)) if whole else rows.tolist():
-                handle = handles[row]
-                if tokens[handle] == lease.tokens[row]:  # not reset or detached since
-                    tally[handle] += 1
+            tokens, handles = self._tokens, lease.handles
+            live = [r for r in rows.tolist() if tokens[handles[r]] == lease.tokens[r]]
+            self._consumed.add_ones(lease.index, np.array(live, np.int64))
         if self._block.feed():  # the daemon sleeps for want of our credits
             self.slot.bell.ring()
 

@@ -72,6 +72,29 @@ int shm_spin_until_equal(const uint64_t *p, uint64_t value, uint64_t spin_ns) {
     }
 }
 
+/* Adds one to counts[index[k]] for each k < n, or to counts[index[rows[k]]]
+   when rows is not NULL; an index or row out of range is skipped. Returns how
+   many were added. Each add is a release (pairs with the acquire of whoever
+   reads the count: what was written before, the slot releases of the same
+   rows, is visible with it); one call lays a whole batch's credits down within
+   nanoseconds, so a reader polling the counts sees a step's rows back together,
+   not one at a time as a Python loop would hand them over. */
+uint64_t shm_add_ones(uint64_t *counts, uint64_t ncounts, const uint32_t *index,
+                      uint64_t nindex, const int64_t *rows, uint64_t n) {
+    uint64_t added = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t at = k;
+        if (rows != NULL) {
+            if (rows[k] < 0) continue;
+            at = (uint64_t)rows[k];
+        }
+        if (at >= nindex || index[at] >= ncounts) continue;
+        __atomic_fetch_add(&counts[index[at]], 1, __ATOMIC_RELEASE);
+        added++;
+    }
+    return added;
+}
+
 static inline void bump(uint64_t *p, uint64_t v) {
     /* single-writer counter: relaxed is enough, the store just must not tear */
     __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);

@@ -59,6 +59,10 @@ void shm_store_release(uint64_t *p, uint64_t v);
 int shm_cas(uint64_t *p, uint64_t expected, uint64_t desired);
 uint64_t shm_fetch_add(uint64_t *p, uint64_t v);
 int shm_spin_until_equal(const uint64_t *p, uint64_t value, uint64_t spin_ns);
+/* One to each of counts[index[k]] (or counts[index[rows[k]]] with rows), k < n:
+   a client's credits for a batch's rows, in one call; see shm_native.c. */
+uint64_t shm_add_ones(uint64_t *counts, uint64_t ncounts, const uint32_t *index,
+                      uint64_t nindex, const int64_t *rows, uint64_t n);
 
 /* -- ring: single producer, single consumer, variable-length records --
  * A ring is used through a shm_ring_t: where its header is mapped in this
