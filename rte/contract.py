@@ -133,6 +133,7 @@ class NoticeKind(enum.IntEnum):
     SUSPENDED = 8  # the session is parked: its row freed, its state in host memory
     RESUMED = 9  # a parked session has a row again (it goes on at its next chunk)
     EXPORTED = 10  # the session's state was handed over (message: its bytes); it left
+    DRAINING = 11  # its daemon is draining: move the session elsewhere (a pool does itself)
 
 
 @dataclass(frozen=True)

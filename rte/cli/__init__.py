@@ -4,6 +4,7 @@ rte serve       run the engine daemon (the product)
 rte demo        launch a daemon, stream sessions from a client, show rates
 rte play        play a model in a browser: a page on 127.0.0.1, one session per tab
 rte inspect     read live daemons' rings, slab and counters
+rte drain       move every session off a daemon to its pool's others, then stop it
 rte record      drive a daemon's session with scripted moves, record its trace
 rte replay      make a recorded session again, report the first chunk that differs
 rte clean       remove what a dead daemon left in /dev/shm
@@ -86,14 +87,24 @@ def _sigint_held() -> Iterator[None]:
 
 def _main(argv: list[str] | None) -> int:
     with _sigint_held():
-        from rte.cli import bench, clean, demo, inspect, play, record, replay, serve  # noqa: PLC0415
+        from rte.cli import (  # noqa: PLC0415
+            bench,
+            clean,
+            demo,
+            drain,
+            inspect,
+            play,
+            record,
+            replay,
+            serve,
+        )
         from rte.errors import ConfigurationError  # noqa: PLC0415
 
     parser = OneLineParser(prog="rte", description="A realtime inference engine.")
     parser.add_argument("--version", action="version", version=f"rte {rte.__version__}")
     parser.add_argument("--debug", "-v", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (serve, demo, play, inspect, record, replay, clean, bench):
+    for command in (serve, demo, play, inspect, drain, record, replay, clean, bench):
         command.add_parser(sub)
     args = parser.parse_args(argv)
     try:

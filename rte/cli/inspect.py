@@ -111,11 +111,13 @@ def stale_beat(row: dict[str, Any]) -> float | None:
 
 
 def status(row: dict[str, Any]) -> str:
-    """``alive``, ``DEAD``, or ``alive, heartbeat stale 2.6 s: stopped or hung?``."""
+    """``alive``, ``draining`` (``rte drain``: it takes no new session), ``DEAD``,
+    or ``alive, heartbeat stale 2.6 s: stopped or hung?``."""
     if not row.get("alive"):
         return "DEAD"
     stale = stale_beat(row)
-    return "alive" if stale is None else f"alive, heartbeat stale {stale:.1f} s: stopped or hung?"
+    alive = "alive" if row.get("draining_s") is None else "draining"
+    return alive if stale is None else f"{alive}, heartbeat stale {stale:.1f} s: stopped or hung?"
 
 
 def pace(row: dict[str, Any]) -> str:
@@ -159,6 +161,13 @@ def fit(text: str, width: int) -> str:
     return "\n".join(
         line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines()
     )
+
+
+def _draining(row: dict[str, Any]) -> str:
+    """`` for 3.2s, 2 sessions left`` while it drains (rte drain), else ""."""
+    if row.get("draining_s") is None:
+        return ""
+    return f" for {_age(row['draining_s'])} (no new session), {row.get('sessions')} left"
 
 
 def _age(seconds: float | None) -> str:
@@ -295,7 +304,7 @@ def render(snap: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     dt = snap["taken_at"] - previous["taken_at"] if previous else 0.0
     before = {c["index"]: c for c in previous["clients"]} if previous else {}
     lines = [
-        f"daemon {snap['name']}  pid {s.get('pid')}  {status(s)}  "
+        f"daemon {snap['name']}  pid {s.get('pid')}  {status(s)}{_draining(s)}  "
         f"state {s.get('state') if s.get('alive') else 'DEAD'}  uptime {_age(s.get('uptime_s'))}  "
         f"heartbeat {_age(s.get('heartbeat_age_s'))} ago",
         f"model {m['model']}  pace {pace(s)}  "

@@ -21,6 +21,12 @@ waiting is the loop's (:class:`~rte.client.loop_wait.LoopWait`: a client
 sleeps on its transport's file descriptors with ``loop.add_reader``, so one
 loop serves many connections with no thread and no polling between wake-ups).
 
+Over a pool (``connect_async("gpu")`` when ``gpu-0``, ``gpu-1``... run) it has
+:meth:`AsyncClient.migrate` and :meth:`AsyncClient.drain`, and moves a session
+whose daemon drains (``rte drain``) at its next ``poll``, ``poll_batch`` or
+``results``, as the sync pool does (:mod:`rte.client.migration`: the same
+checks, the same held-back DRAINING notice saying where it went).
+
 Several tasks may use one client at once (one reading results, others
 attaching and acting): one of them waits on the descriptors and sorts what
 came, the others wait for its news. Connecting and closing wait on a worker
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from rte.client import arguments
@@ -39,9 +45,11 @@ from rte.client.batch import ChunkBatch
 from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
 from rte.client.loop_wait import LoopWait
+from rte.client.migration import DrainMoves, MigrationError, Move, drain_targets
+from rte.client.pool import PoolTransport
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice
-from rte.errors import AdmissionError, ClientClosedError, RequestTimeout
+from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout, RteError
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
 from rte.state import SessionState
@@ -65,6 +73,9 @@ class AsyncClient:
         self.manifest: Manifest = transport.manifest
         self._closing = False
         self._wait = LoopWait(transport, core, self._pump, self._check_open)
+        self._pool = transport if isinstance(transport, PoolTransport) else None
+        self.stranded: dict[str, SessionState] = {}  # as PoolClient's (a pool's drain)
+        self._moving = False  # a drain's moves are being made (by one task)
 
     @property
     def sessions(self) -> set[str]:
@@ -174,6 +185,8 @@ class AsyncClient:
     async def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
         """The next step's chunks as one batch, or None after ``timeout`` s."""
         deadline = time.monotonic() + arguments.timeout(timeout)
+        if self._pool is not None and self._pool.moves:
+            await self.move_drained()
         core = self._core
         while await self._wait.until(core.has_chunks, deadline - time.monotonic()):
             if core.has_chunks():
@@ -185,6 +198,8 @@ class AsyncClient:
         if timeout.__class__ is not float or not 0.0 <= timeout <= arguments.MAX_TIMEOUT_S:
             timeout = arguments.timeout(timeout)  # (the fast path: a plain float in range)
         self._check_open()
+        if self._pool is not None and self._pool.moves:
+            await self.move_drained()
         core = self._core
         if (chunk := core.next_chunk()) is not None:  # one of a step already here
             return chunk
@@ -198,6 +213,76 @@ class AsyncClient:
         """Chunks as they come; stops after ``timeout`` s without one."""
         while (chunk := await self.poll(timeout)) is not None:
             yield chunk
+
+    # -- moves between a pool's daemons ---------------------------------------
+
+    async def migrate(self, session: str, to: str | Sequence[str], *, timeout: float = 5.0) -> str:
+        """As :meth:`PoolClient.migrate`; RequestError unless over a pool."""
+        move = Move.of(self._over_pool(), self.sessions, session, to)
+        state = await self.export(session, timeout=timeout)
+        try:
+            return await self._attach_on(session, state, move.targets, timeout)
+        except RteError as refused:
+            try:
+                await self._attach_on(session, state, [move.old], timeout)
+            except RteError as also:
+                raise move.stranded(state, refused, also) from refused
+            raise move.back(refused) from refused
+
+    async def drain(self, name: str, *, timeout: float = 5.0) -> dict[str, str]:
+        """As :meth:`PoolClient.drain`; RequestError unless over a pool."""
+        pool = self._over_pool()
+        drain_targets(pool, name)  # (checked before any move)
+        moved: dict[str, str] = {}
+        for session in sorted(s for s in self.sessions if pool.home.get(s) == name):
+            targets = drain_targets(pool, name)
+            moved[session] = await self.migrate(session, targets, timeout=timeout)
+        return moved
+
+    async def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
+        """As :meth:`PoolClient.move_drained` (``poll`` and ``poll_batch`` call it;
+        one task moves, the others go on)."""
+        pool = self._pool
+        if pool is None or self._moving:
+            return {}
+        self._moving, moved = True, {}
+        try:
+            for told in pool.moves.due():
+                session = told.notice.session
+                if pool.home.get(session) != told.name or session not in self.sessions:
+                    self._core.sort([told.notice])  # gone, or moved meanwhile: as it came
+                    continue
+                try:
+                    targets = drain_targets(pool, told.name)
+                    moved[session] = await self.migrate(session, targets, timeout=timeout)
+                except MigrationError as lost:
+                    self.stranded[session] = lost.state
+                    self._core.sort([DrainMoves.lost(told, lost)])
+                except RteError as why:
+                    again = pool.moves.again(told, why)
+                    self._core.sort([again] if again is not None else [])
+                else:
+                    self._core.sort([DrainMoves.moved(told, moved[session])])
+        finally:
+            self._moving = False
+        return moved
+
+    def _over_pool(self) -> PoolTransport:
+        if self._pool is None:
+            raise RequestError(f"{self.name!r} is one daemon, not a pool: nowhere to move to")
+        return self._pool
+
+    async def _attach_on(
+        self, session: str, state: SessionState, names: list[str], timeout: float
+    ) -> str:
+        """Attach ``session`` with ``state`` on the first of ``names`` that takes it."""
+        pool = self._over_pool()
+        pool.pinned[session] = names
+        try:
+            await self.attach(session, state=state, timeout=timeout)
+        finally:
+            del pool.pinned[session]
+        return pool.home.get(session, "")
 
     # -- lifecycle ------------------------------------------------------------
 

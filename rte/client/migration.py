@@ -1,4 +1,5 @@
-"""Moving a pool's sessions between its daemons: migrate one, drain a daemon.
+"""Moving a pool's sessions between its daemons: migrate one, drain a daemon, and
+go along with a daemon-wide drain.
 
     with connect_pool(["gpu-0", "gpu-1"]) as client:
         client.attach("alice", {"prompt": "a forest"})
@@ -22,21 +23,39 @@ the :class:`MigrationError` holds the state for the caller to attach anywhere.
 The client sees one stall: the export's round trip plus the attach's, a couple
 of the pace's periods (``tests/test_migrate.py`` prints it).
 
-A drain moves only this client's sessions; a daemon-wide ``rte drain`` would
-need the daemon to hand each client a "move" notice (not built).
+**A daemon-wide drain** (``rte drain NAME``, :mod:`rte.ipc.draining`) tells
+each client, with a DRAINING notice per session, that its session is to move.
+A pool never moves it from inside a receive: the pool holds the notice back
+(:class:`DrainMoves`) and the client moves the session at its next safe point,
+the entry of ``poll``, ``poll_batch``, ``results`` or ``notices`` (the asyncio
+client's ``poll``, ``poll_batch`` and ``results``), as :meth:`Migrating.drain`
+would: to the pool's other live daemons, most free rows first. The DRAINING
+notice then surfaces among :meth:`notices`, its message saying where the
+session went (``... moved to 'gpu-1'``), or why it could not move: it stays
+where it is and the move is tried again every :data:`MOVE_RETRY_S` while its
+daemon still holds it. A session whose state every daemon refused is attached
+nowhere; its state is kept in :attr:`Migrating.stranded` and an ERROR notice
+says so. A plain (single daemon) client cannot move: it only sees the notice.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch
+from rte.client.core import Chunk
+from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
 from rte.state import SessionState
 
 if TYPE_CHECKING:
     from rte.client.pool import PoolTransport
+
+MOVE_RETRY_S = 1.0  # a drained session that could not move is tried again this often
 
 
 class MigrationError(AdmissionError):
@@ -49,20 +68,23 @@ class MigrationError(AdmissionError):
         self.state = state
 
 
-class Migrating(EngineClient):
-    """:meth:`migrate` and :meth:`drain` for a client over a :class:`PoolTransport`."""
+@dataclass(frozen=True)
+class Move:
+    """One session's move, checked: from ``old`` to the first of ``targets`` that
+    takes it (both client forms run it: export, attach there, else back)."""
 
-    transport: PoolTransport
+    session: str
+    old: str
+    targets: list[str]
 
-    def migrate(self, session: str, to: str | Sequence[str], *, timeout: float = 5.0) -> str:
-        """Move ``session`` to daemon ``to`` (or the first of several that takes it);
-        the daemon it went to. AdmissionError when every target refuses it (it is
-        attached back where it was, going on; :class:`MigrationError` if even that
-        failed), RequestError for a target not of this pool or its own daemon,
-        UnknownSessionError for a session not attached."""
-        pool = self.transport
+    @classmethod
+    def of(
+        cls, pool: PoolTransport, sessions: set[str], session: str, to: str | Sequence[str]
+    ) -> Move:
+        """UnknownSessionError for a session not attached, RequestError for a target
+        not of this pool or its own daemon, EngineGone when no target is live."""
         old = pool.home.get(session)
-        if old is None or session not in self.sessions:
+        if old is None or session not in sessions:
             raise UnknownSessionError(f"session {session!r} is not attached to pool {pool.name!r}")
         targets = [to] if isinstance(to, str) else list(to)
         for name in targets:
@@ -72,36 +94,183 @@ class Migrating(EngineClient):
                 raise RequestError(f"session {session!r} lives on {name!r} already")
         if not any(name in pool.live() for name in targets):
             raise EngineGone(f"no daemon of {targets} is live: {session!r} stays on {old!r}")
+        return cls(session, old, targets)
+
+    def back(self, refused: RteError) -> AdmissionError:
+        """Every target refused it; it is attached back where it was."""
+        return AdmissionError(
+            f"moving {self.session!r} to {self.targets}: {refused}; it is back on "
+            f"{self.old!r}, going on"
+        )
+
+    def stranded(self, state: SessionState, refused: RteError, also: RteError) -> MigrationError:
+        """Every target refused it, and so did its old daemon."""
+        return MigrationError(
+            f"moving {self.session!r}: refused by {self.targets} ({refused}) and by "
+            f"{self.old!r} it came from ({also}); attach it with state=error.state",
+            state,
+        )
+
+
+def drain_targets(pool: PoolTransport, name: str) -> list[str]:
+    """Where the sessions of daemon ``name`` go: the pool's other live daemons,
+    most free rows first (draining ones last). RequestError for a daemon not of
+    the pool, EngineGone when no other is live."""
+    if name not in pool.members:
+        raise RequestError(f"{name!r} is not a daemon of pool {pool.name!r}")
+    others = sorted((n for n in pool.live() if n != name), key=pool.free_rows, reverse=True)
+    if not others:
+        raise EngineGone(f"draining {name!r}: no other daemon of the pool is live")
+    return sorted(others, key=pool.placer.draining)  # (stable: the free rows' order kept)
+
+
+@dataclass
+class Told:
+    """A DRAINING notice held back until its session moves (or cannot)."""
+
+    name: str  # the draining daemon
+    notice: Notice
+    not_before: float = 0.0
+    tries: int = 0
+
+
+class DrainMoves:
+    """The DRAINING notices a pool held back: each session's move, due at the
+    client's next safe point (see the module)."""
+
+    def __init__(self) -> None:
+        self._told: dict[str, Told] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._told)
+
+    def add(self, name: str, notice: Notice) -> None:
+        """Daemon ``name`` drains: ``notice``'s session is to move."""
+        self._told[notice.session] = Told(name, notice)
+
+    def due(self) -> list[Told]:
+        """The moves to make now (no longer held: :meth:`again` puts one back)."""
+        now = time.monotonic()
+        due = [told for told in self._told.values() if told.not_before <= now]
+        for told in due:
+            del self._told[told.notice.session]
+        return due
+
+    def again(self, told: Told, why: RteError) -> Notice | None:
+        """``told``'s move failed for ``why``: tried again later; the notice the
+        caller sees (None: told already, at its first failure)."""
+        told.tries += 1
+        told.not_before = time.monotonic() + MOVE_RETRY_S
+        self._told[told.notice.session] = told
+        if told.tries > 1:
+            return None
+        text = f"{told.notice.message}: could not move ({why}); tried again every {MOVE_RETRY_S}s"
+        return Notice(told.notice.session, NoticeKind.DRAINING, text)
+
+    @staticmethod
+    def moved(told: Told, to: str) -> Notice:
+        """The notice the caller sees once ``told``'s session moved to ``to``."""
+        text = f"{told.notice.message}: moved to {to!r}"
+        return Notice(told.notice.session, NoticeKind.DRAINING, text)
+
+    @staticmethod
+    def lost(told: Told, error: MigrationError) -> Notice:
+        """The notice the caller sees when every daemon refused the session's state."""
+        text = (
+            f"{error}; its state is client.stranded[{told.notice.session!r}] "
+            f"(daemon {told.name!r} drains)"
+        )
+        return Notice(told.notice.session, NoticeKind.ERROR, text)
+
+
+class Migrating(EngineClient):
+    """:meth:`migrate` and :meth:`drain` for a client over a :class:`PoolTransport`,
+    and its moves when a daemon drains (see the module).
+
+    Attributes:
+        stranded: session -> its state, for a drained session every daemon refused
+            (attached nowhere: ``attach(s, state=client.stranded.pop(s))``).
+    """
+
+    transport: PoolTransport
+    stranded: dict[str, SessionState]
+    _moving: bool
+
+    def migrate(self, session: str, to: str | Sequence[str], *, timeout: float = 5.0) -> str:
+        """Move ``session`` to daemon ``to`` (or the first of several that takes it);
+        the daemon it went to. AdmissionError when every target refuses it (it is
+        attached back where it was, going on; :class:`MigrationError` if even that
+        failed), RequestError for a target not of this pool or its own daemon,
+        UnknownSessionError for a session not attached."""
+        move = Move.of(self.transport, self.sessions, session, to)
         state = self.export(session, timeout=timeout)
         try:
-            return self._attach_on(session, state, targets, timeout)
+            return self._attach_on(session, state, move.targets, timeout)
         except RteError as refused:
             try:
-                self._attach_on(session, state, [old], timeout)
+                self._attach_on(session, state, [move.old], timeout)
             except RteError as also:
-                raise MigrationError(
-                    f"moving {session!r}: refused by {targets} ({refused}) and by "
-                    f"{old!r} it came from ({also}); attach it with state=error.state",
-                    state,
-                ) from refused
-            raise AdmissionError(
-                f"moving {session!r} to {targets}: {refused}; it is back on {old!r}, going on"
-            ) from refused
+                raise move.stranded(state, refused, also) from refused
+            raise move.back(refused) from refused
 
     def drain(self, name: str, *, timeout: float = 5.0) -> dict[str, str]:
         """Move every session of this client on daemon ``name`` to the pool's other
         live daemons (most free rows first); session -> where it went. The first
         one that cannot move raises as :meth:`migrate` does (those before it moved)."""
         pool = self.transport
-        if name not in pool.members:
-            raise RequestError(f"{name!r} is not a daemon of pool {pool.name!r}")
+        drain_targets(pool, name)  # (checked before any move)
         moved: dict[str, str] = {}
         for session in sorted(s for s in self.sessions if pool.home.get(s) == name):
-            others = [n for n in pool.live() if n != name]
-            others.sort(key=pool.free_rows, reverse=True)
-            if not others:
-                raise EngineGone(f"draining {name!r}: no other daemon of the pool is live")
-            moved[session] = self.migrate(session, others, timeout=timeout)
+            moved[session] = self.migrate(session, drain_targets(pool, name), timeout=timeout)
+        return moved
+
+    # -- a daemon drains: the moves, at the safe points -------------------------
+
+    def poll(self, timeout: float = 1.0) -> Chunk | None:
+        if self.transport.moves:
+            self.move_drained()
+        return super().poll(timeout)
+
+    def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
+        if self.transport.moves:
+            self.move_drained()
+        return super().poll_batch(timeout)
+
+    def notices(self) -> list[Notice]:
+        news = super().notices()  # (what came, a DRAINING among it, is held by the pool)
+        if self.transport.moves:
+            self.move_drained()
+            news += self._core.drain_notices()
+        return news
+
+    def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
+        """Move each session whose daemon said it drains, now (``poll`` and the
+        others call it); session -> where it went. Never re-entered: a move's own
+        waits only receive, and what they receive waits for the next call."""
+        if self._moving:
+            return {}
+        self._moving = True
+        pool, moved = self.transport, {}
+        try:
+            for told in pool.moves.due():
+                session = told.notice.session
+                if pool.home.get(session) != told.name or session not in self.sessions:
+                    self._core.sort([told.notice])  # gone, or moved meanwhile: as it came
+                    continue
+                try:
+                    to = self.migrate(session, drain_targets(pool, told.name), timeout=timeout)
+                except MigrationError as lost:
+                    self.stranded[session] = lost.state
+                    self._core.sort([DrainMoves.lost(told, lost)])
+                    continue
+                except RteError as why:
+                    again = pool.moves.again(told, why)
+                    self._core.sort([again] if again is not None else [])
+                    continue
+                moved[session] = to
+                self._core.sort([DrainMoves.moved(told, to)])
+        finally:
+            self._moving = False
         return moved
 
     def _attach_on(

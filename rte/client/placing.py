@@ -5,7 +5,9 @@ pool's live daemons in order of most free rows (then fewest of this pool's
 sessions, :class:`rte.placement.Placement`); it goes to the first, and a daemon
 that refuses it (full meanwhile, or dead before it answered) passes it to the
 next, so the caller sees one answer: the first daemon's ATTACHED, or one
-REJECTED that names every daemon's refusal. A session being moved
+REJECTED that names every daemon's refusal. A draining daemon (``rte drain``:
+its control block says so) is tried last: it refuses every new session, and
+its refusal, like any, passes the attach on. A session being moved
 (:mod:`rte.client.migration`) goes only where it is pinned.
 
 :class:`Placer` owns the attaches in flight; the pool
@@ -79,7 +81,7 @@ class Placer:
         """Its daemon when it is attached already (the daemon says so); else the
         live ones by :mod:`rte.placement` (most free rows, then fewest of this
         pool's sessions), then those whose roster shows no room: it may lag a
-        detach, and their own refusal is the one to trust."""
+        detach, and their own refusal is the one to trust; the draining ones last."""
         live = self.daemons.live()
         if session in self.pinned:  # moving: only where it is sent (rte.client.migration)
             return [name for name in self.pinned[session] if name in live]
@@ -87,7 +89,13 @@ class Placer:
         order = self.home.choices(session, free)
         if session in self.home:
             return order
-        return order + [name for name in free if name not in order]
+        order += [name for name in free if name not in order]
+        draining = [name for name in order if self.draining(name)]
+        return [name for name in order if name not in draining] + draining
+
+    def draining(self, name: str) -> bool:
+        """Whether daemon ``name`` drains (``rte drain``: it takes no new session)."""
+        return self.daemons.by_name[name].control.draining_since_ns != 0
 
     def try_next(self, placing: Placing, room_s: float, *, quiet: bool = False) -> bool:
         """Send the attach to the next daemon of its order that takes the request;

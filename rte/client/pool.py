@@ -20,6 +20,11 @@ policy the Ray router and ReplicaEngine use too). An attach is placed by
 each refusal passing it to the next, so the caller sees one answer: the first
 daemon's ATTACHED, or one REJECTED that names every daemon's refusal.
 
+A daemon that drains (``rte drain``) refuses every new session (the placer
+tries it last) and sends a DRAINING notice for each of its sessions: the pool
+holds it back until its client moved the session elsewhere, at its next safe
+point (:mod:`rte.client.migration`).
+
 When a daemon dies, only its sessions are lost: each gets an ERROR notice that
 says ``EngineGone`` and which daemon, calls naming them raise
 :class:`~rte.errors.EngineGone`, and the other daemons' sessions go on without
@@ -46,7 +51,7 @@ import numpy as np
 from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.members import Members
-from rte.client.migration import Migrating
+from rte.client.migration import DrainMoves, Migrating
 from rte.client.placing import Placer
 from rte.client.shm import ShmTransport, SlotLease
 from rte.client.transport import Arrival, Gone, Numbering, Transport
@@ -89,6 +94,7 @@ class PoolTransport(Transport):
         self._numbering: Numbering = lambda: 0
         self._exporting: dict[int, ShmTransport] = {}  # seq of an export -> its daemon
         self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
+        self.moves = DrainMoves()  # DRAINING notices held back until the client moves them
         self.placer = Placer(self.name, self.daemons, self.home, self.pinned, self._lose)
 
     def number_with(self, numbering: Numbering) -> None:
@@ -204,6 +210,9 @@ class PoolTransport(Transport):
             self._from_chunk.pop(item.seq, None)  # a reattach refused: the session stays lost
         elif item.kind is NoticeKind.DETACHED and self.home.get(item.session) == name:
             self.home.release(item.session)  # (a reset's ATTACHED, next, puts it back)
+        elif item.kind is NoticeKind.DRAINING and self.home.get(item.session) == name:
+            self.moves.add(name, item)  # moved by the client at its next safe point
+            return None  # (rte.client.migration: the notice then says where it went)
         return item
 
     def wait(self, timeout: float) -> bool:
@@ -303,8 +312,11 @@ class PoolClient(Migrating):
 
     Attributes (its transport's): ``members`` (name -> that daemon's transport),
     ``missing`` (daemons down when last tried), ``home`` (session -> its daemon),
-    ``reattach``; :meth:`live` and :meth:`free_rows`; :meth:`migrate` and
-    :meth:`drain` move sessions between them (:mod:`rte.client.migration`).
+    ``reattach``, ``stranded``; :meth:`live` and :meth:`free_rows`; :meth:`migrate`
+    and :meth:`drain` move sessions between them, and a session whose daemon
+    drains (``rte drain``) is moved at the next ``poll``, ``poll_batch``,
+    ``results`` or ``notices``, its DRAINING notice then saying where it went
+    (:mod:`rte.client.migration`).
     """
 
     transport: PoolTransport
@@ -321,6 +333,8 @@ class PoolClient(Migrating):
         pool = self.transport
         self.members, self.missing, self.home = pool.members, pool.missing, pool.home
         self.reattach = reattach
+        self.stranded: dict[str, SessionState] = {}  # drained, refused everywhere: its state
+        self._moving = False  # a drain's moves are being made (never re-entered)
 
     def live(self) -> list[str]:
         return self.transport.live()

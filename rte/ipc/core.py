@@ -56,6 +56,7 @@ from rte.ipc.allocator import SlabAllocator
 from rte.ipc.checkpoints import Checkpoints
 from rte.ipc.clients import ClientTable
 from rte.ipc.departures import Departures
+from rte.ipc.draining import Draining
 from rte.ipc.figures import publish_realtime
 from rte.ipc.inputs import Inputs
 from rte.ipc.intake import Intake
@@ -142,7 +143,10 @@ class DaemonCore:
         self.out.receipts = self.loop.receipts
         parts = (self.control, self.loop, self.table, self.router, self.inputs, self.out)
         self.departures = Departures(*parts)
-        self.intake = Intake(*parts, self.departures)
+        self.draining = Draining(
+            settings.names.daemon, self.control, self.router, self.departures, self.out
+        )
+        self.intake = Intake(*parts, self.departures, self.draining)
         self.policy = WaitPolicy(settings.wait_policy)
         self.tally = WaitTally()  # how the idle wait waited (counted with the steps)
         self.spin = AdaptiveSpin(IDLE_SPIN_FLOOR_NS)
@@ -191,6 +195,7 @@ class DaemonCore:
                 self.departures.reap(dead)
                 self.control.count(Counter.DEAD_CLIENTS_REAPED)
             self.departures.retry_orphans(now)
+            self.draining.publish()  # the sessions held (what rte drain waits to see 0)
             publish_realtime(self.control, self.loop, self.settings.pace_hz)
             self._publish_parked()
         for connection in list(self.table.connections.values()):  # 2.

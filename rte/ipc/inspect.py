@@ -76,11 +76,14 @@ def _summary(name: str, segment: Segment, control: Control) -> dict[str, Any]:
     entries = control.table.entries()
     clients = [c for c in entries if c.state is ClientState.ACTIVE]
     manifest = control.manifest()
+    draining = control.draining_since_ns
     return {
         "name": name,
         "pid": segment.creator_pid,
         "alive": alive,
         "state": control.state.name.lower(),
+        # seconds since it began draining (rte drain; None: it is not draining)
+        "draining_s": (time.time_ns() - draining) / 1e9 if draining else None,
         "uptime_s": time.time() - segment.created,
         "heartbeat_age_s": control.heartbeat_age_s,
         "model": manifest.model,

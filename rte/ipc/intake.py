@@ -6,10 +6,12 @@ it, and whatever comes of it is delivered at once, so a bad record is an
 ERROR for its sender only and nothing one client sends ends the loop:
 
 1. a record that does not decode is refused (its seq read back if it can be);
-   a BYE removes the client (:class:`~rte.ipc.departures.Departures`);
+   a BYE removes the client (:class:`~rte.ipc.departures.Departures`); a
+   DRAIN drains the daemon (:class:`~rte.ipc.draining.Draining`);
 2. the :class:`~rte.ipc.router.Router` refuses what the sender may not do
    (another client's session, credits past its quota); a session still being
-   detached after its client left (an orphan) refuses every request;
+   detached after its client left (an orphan) refuses every request; a
+   draining daemon REJECTS the attach of a new session;
 3. a DETACH or RESET whose owner has no slab slot for the in-flight chunk
    does not finalize (the owner is told it is dropped);
 4. inputs lent by slot become read-only views of the sender's own input
@@ -30,10 +32,12 @@ import time
 from rte.contract import Notice, NoticeKind
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.departures import Departures
+from rte.ipc.draining import Draining
 from rte.ipc.inputs import InputRefused, Inputs
 from rte.ipc.outbound import Outbound
 from rte.ipc.router import Router
 from rte.protocol.control import Control, Counter
+from rte.protocol.drain import Drain
 from rte.protocol.inputs import conditioning_of, with_conditioning
 from rte.protocol.requests import Act, Attach, Detach, Request, Reset
 from rte.protocol.wire import Bye, decode_request, request_seq
@@ -58,6 +62,7 @@ class Intake:
         inputs: Inputs,
         out: Outbound,
         departures: Departures,
+        draining: Draining,
     ) -> None:
         self.control = control
         self.loop = loop
@@ -66,6 +71,7 @@ class Intake:
         self.inputs = inputs
         self.out = out
         self.departures = departures
+        self.draining = draining
 
     def drain(self, connection: Connection) -> None:
         """Every request ``connection``'s inbox holds, in order (until it says BYE)."""
@@ -98,21 +104,23 @@ class Intake:
             log.info("client %d (pid %d) left", connection.index, connection.pid)
             self.departures.reap(connection)
             return
-        refusal = self.router.refuse(connection, message)
-        if (
-            isinstance(message, Attach)
-            and refusal is None
-            and self._out_of_handles(connection, message.session)
-        ):
-            text = (
-                f"session {message.session!r} refused: this client holds {len(connection.names)} "
-                "sessions (some parked), one per handle of its mailbox (one per row); detach "
-                "one, or attach it from another client"
-            )
-            notice = Notice(message.session, NoticeKind.REJECTED, text, message.seq)
-            self.out.send(connection, notice)
-            self.inputs.unused(connection.index, conditioning_of(message))
+        if isinstance(message, Drain):
+            self.draining.begin(connection, message)
             return
+        refusal = self.router.refuse(connection, message)
+        if isinstance(message, Attach) and refusal is None:
+            rejected = self.draining.refusal(connection, message.session)
+            if rejected is None and self._out_of_handles(connection, message.session):
+                rejected = (
+                    f"session {message.session!r} refused: this client holds "
+                    f"{len(connection.names)} sessions (some parked), one per handle of its "
+                    "mailbox (one per row); detach one, or attach it from another client"
+                )
+            if rejected is not None:
+                notice = Notice(message.session, NoticeKind.REJECTED, rejected, message.seq)
+                self.out.send(connection, notice)
+                self.inputs.unused(connection.index, conditioning_of(message))
+                return
         if message.session in self.departures.orphans:
             refusal = f"session {message.session!r} is being detached; try again later"
         if refusal is not None:

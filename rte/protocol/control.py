@@ -1,8 +1,9 @@
 """The daemon's control segment: what the daemon tells its clients and inspectors.
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
-    page 1          daemon block: state, heartbeat, settings, counters, manifest (JSON),
-                    next tick time (paced), delivery histogram (rte.protocol.latency)
+    page 1          daemon block: state, heartbeat, draining since, sessions held,
+                    settings, counters, manifest (JSON), next tick time (paced),
+                    delivery histogram (rte.protocol.latency)
     page 2          daemon block, continued: step-time histogram, both histograms' sums,
                     real time (capacity, pace, attached, reduced, cost model, ticks)
     page 3...       the roster: one 128-byte entry per client slot (rte.protocol.claims)
@@ -83,6 +84,7 @@ class Counter(enum.IntEnum):
 
 # daemon block word offsets (bytes from the block start)
 _STATE, _HEARTBEAT, _HEARTBEAT_NS, _NEXT_TICK = 0, 8, 16, 40
+_DRAINING_NS, _HELD = 24, 32  # since when it drains (time_ns; 0: it does not), sessions held
 _SETTINGS = 64  # max_clients, ring_capacity, max_sessions
 _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
@@ -274,6 +276,24 @@ class Control:
     @property
     def heartbeat_age_s(self) -> float:
         return (time.time_ns() - self._word(_HEARTBEAT_NS).load()) / 1e9
+
+    @property
+    def draining_since_ns(self) -> int:
+        """When the daemon began draining (``time.time_ns``); 0 while it is not
+        (:mod:`rte.protocol.drain`)."""
+        return self._word(_DRAINING_NS).load()
+
+    def set_draining(self, since_ns: int) -> None:
+        self._word(_DRAINING_NS).store(since_ns)
+
+    @property
+    def held(self) -> int:
+        """Sessions the daemon holds: attached, parked or being detached (written by
+        the serve thread every scan, and at once while draining)."""
+        return self._word(_HELD).load()
+
+    def set_held(self, sessions: int) -> None:
+        self._word(_HELD).store(sessions)
 
     @property
     def claims(self) -> int:

@@ -9,8 +9,10 @@ Fixed binary headers (``struct``), never pickles:
 Client to daemon, one record per :mod:`rte.serve` request: ATTACH and ACT carry
 conditioning (:mod:`rte.protocol.values`), RESET an optional one, DETACH, SUSPEND
 and RESUME nothing; EXPORT ``{"into": InputRef}``, the client's slot the state goes to;
-BYE says the client leaves. ATTACH's ``code`` is the session's credits (0: the
-daemon's default) and its ``handle`` field its priority class (0 to 3).
+BYE says the client leaves; DRAIN (no body) asks the daemon to drain
+(:mod:`rte.protocol.drain`: answered by a DRAINING notice for session "").
+ATTACH's ``code`` is the session's credits (0: the daemon's default) and its
+``handle`` field its priority class (0 to 3).
 Daemon to client: NOTICE carries a :class:`~rte.contract.NoticeKind` in
 ``code`` (one to one: the enum's values are the codes) and a message; an
 ATTACHED notice's ``handle`` is the small number by which STEP records name
@@ -50,6 +52,7 @@ import numpy as np
 
 from rte.contract import Action, Notice, NoticeKind
 from rte.errors import WireError
+from rte.protocol.drain import Drain
 from rte.protocol.requests import Act, Attach, Detach, Export, Request, Reset, Resume, Suspend
 from rte.protocol.values import InputRef, decode_value, encode_value
 
@@ -63,6 +66,7 @@ class RecordType(enum.IntEnum):
     SUSPEND = 6
     RESUME = 7
     EXPORT = 8
+    DRAIN = 9
     NOTICE = 11
     STEP = 12
 
@@ -123,7 +127,7 @@ def checked_credits(credits: object) -> int:
 # -- client to daemon -----------------------------------------------------------
 
 
-def encode_request(message: Request | Bye) -> bytes:
+def encode_request(message: Request | Bye | Drain) -> bytes:
     """One request record; WireError for what cannot be sent (checked before sending)."""
     match message:
         case Attach():
@@ -154,6 +158,8 @@ def encode_request(message: Request | Bye) -> bytes:
             return _header(RecordType.RESET, message.session, message.seq) + body
         case Bye():
             return _header(RecordType.BYE, "", 0)
+        case Drain():
+            return _header(RecordType.DRAIN, "", message.seq)
     raise WireError(f"{type(message).__name__} is not a request")
 
 
@@ -171,7 +177,7 @@ def request_seq(record: bytes) -> int:
     return HEADER.unpack_from(record)[3] if len(record) >= HEADER.size else 0
 
 
-def decode_request(record: bytes) -> Request | Bye:
+def decode_request(record: bytes) -> Request | Bye | Drain:
     """Decode one client record; WireError, saying what is wrong, for anything else."""
     kind, code, session, seq, body = _split(record)
     if kind in _CONDITIONED:
@@ -199,6 +205,8 @@ def decode_request(record: bytes) -> Request | Bye:
         return Resume(session, seq)
     if kind is RecordType.BYE:
         return Bye()
+    if kind is RecordType.DRAIN:
+        return Drain(seq)
     raise WireError(f"a client cannot send {kind.name} records")
 
 
