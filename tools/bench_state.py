@@ -15,9 +15,11 @@ event, in periods: 1.0 is no stall at all, a chunk every period as before.
 * **migrate**: ``PoolClient.migrate`` of ``a`` back and forth between two
   daemons, :attr:`Plan.moves` times: the call and the stall.
 * **drain**: a daemon holding :attr:`Plan.drain_sessions` sessions of two
-  client processes (:mod:`tools.state_clients`), each ``PoolClient.drain`` of its
-  own sessions at once: the time from the first start to the last end, and
-  each session's stall.
+  client processes (:mod:`tools.state_clients`), each ``PoolClient.drain`` of
+  its own sessions at once: the time from the first start to the last end, and
+  each session's stall. Then the same with ``rte drain NAME`` (where this rte
+  has it: :data:`RTE_DRAIN`), the clients only streaming and moving their
+  sessions when the daemon says: the command's own time, and each stall.
 * **checkpoint**: :func:`tools.bench_checkpoint.measure` (in process, flat out,
   the world model's 8 sessions): the time checkpoints take every K = 30 steps,
   as a share of a step, and the bytes of one session's state.
@@ -40,6 +42,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +74,7 @@ TIMEOUT_S = 10.0  # the most any one wait for a chunk lasts
 MIGRATION_TARGET = 2.0  # periods
 CHECKPOINT_TARGET = 5.0  # % of a step
 WORLD = ["--model", "world", "--pace-hz", str(PACE_HZ), "--admission", "rows"]
+RTE_DRAIN = importlib.util.find_spec("rte.cli.drain") is not None  # the daemon-wide drain
 COLUMNS = ["figure", "p50", "p99", "unit", "target", "met"]
 TABLES: list[report.TableSpec] = [
     (f"A session's world survives (world model at {PACE_HZ:g} Hz)", "rows", {}, COLUMNS)
@@ -189,24 +195,32 @@ def migrate(plan: Plan) -> dict[str, Any]:
     }
 
 
-def drain(plan: Plan) -> dict[str, Any]:
+def drain(plan: Plan, daemon_wide: bool = False) -> dict[str, Any]:
     """A daemon of :attr:`Plan.drain_sessions` sessions from two client processes,
-    each draining its own at once (:mod:`tools.state_clients`)."""
+    each draining its own at once (:mod:`tools.state_clients`), or with
+    ``daemon_wide``, ``rte drain NAME`` moving them all (the clients follow)."""
     rows = ["--max-sessions", str(plan.drain_sessions)]
-    spare = name()
+    spare, said = name(), [""]
     with contextlib.ExitStack() as stack:
         (full,) = stack.enter_context(daemons([name()], [*WORLD, *rows]))
-        clients = DrainClients(full.name, spare, 2, plan.drain_sessions // 2, PERIOD_NS)
+        share = plan.drain_sessions // 2
+        clients = DrainClients(full.name, spare, 2, share, PERIOD_NS, follows=daemon_wide)
         stack.callback(clients.close)
         clients.attached()  # every session streaming on the one daemon up
         stack.enter_context(daemons([spare], [*WORLD, *rows]))
-        reports = clients.drain()
+
+        def rte_drain() -> None:
+            said[0] = _rte_drain(full.name)
+
+        reports = clients.drain(rte_drain if daemon_wide else lambda: None)
     stalls = [s for r in reports for s in r["stalls"]]
     seconds = max(r["ended"] for r in reports) - min(r["began"] for r in reports)
+    if daemon_wide:  # its own figure: from its connect to the daemon empty
+        seconds = float(said[0].rsplit(" left it in ", 1)[-1].split()[0])
     return {
         "sessions": plan.drain_sessions,
         "clients": len(reports),
-        "how": "PoolClient.drain, each client its own sessions, both at once",
+        "how": "rte drain NAME" if daemon_wide else "PoolClient.drain by each client at once",
         "seconds": seconds,
         "periods": seconds * PACE_HZ,
         "per_session_ms": seconds / plan.drain_sessions * 1e3,
@@ -220,6 +234,16 @@ def drain(plan: Plan) -> dict[str, Any]:
 def checkpoint(plan: Plan) -> dict[str, Any]:
     """:func:`tools.bench_checkpoint.measure`: 8 world sessions, K = :data:`EVERY`."""
     return bench_checkpoint.measure(8, plan.checkpoint_steps, EVERY, plan.checkpoint_rounds)
+
+
+def _rte_drain(daemon: str) -> str:
+    """``rte drain DAEMON``, as a user runs it; its line saying how long it took."""
+    command = [sys.executable, "-m", "rte", "drain", daemon, "--timeout", "60"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
+    line = next((x for x in done.stdout.splitlines() if " left it in " in x), None)
+    if done.returncode != 0 or line is None:
+        raise RteError(f"bench_state: rte drain {daemon} failed: {done.stdout}{done.stderr}")
+    return line
 
 
 def replay(plan: Plan) -> dict[str, Any]:
@@ -313,6 +337,11 @@ def summary(r: dict[str, Any]) -> list[dict[str, Any]]:
     c, p, k = r["checkpoint"], r["replay"], r["crash"]
     moved = pair(m, "stall_periods")
     lost = (k["lost_p50"], float(k["lost_max"]))
+    e = r.get("rte_drain")
+    wide = [
+        _row(f"rte drain {e['sessions']} sessions, {e['clients']} clients", e["seconds"], "s"),
+        _row("rte drain stall per session", pair(e, "stall_periods"), "periods"),
+    ] if e else []  # fmt: skip
     return [
         _row("suspend call", pair(s, "suspend_periods"), "periods"),
         _row("resume call", pair(s, "resume_periods"), "periods"),
@@ -321,6 +350,7 @@ def summary(r: dict[str, Any]) -> list[dict[str, Any]]:
         _row("migration stall", moved, "periods", "<= 2", moved[1] <= MIGRATION_TARGET),
         _row(f"drain {d['sessions']} sessions, {d['clients']} clients", d["seconds"], "s"),
         _row("drain stall per session", pair(d, "stall_periods"), "periods"),
+        *wide,
         _row(
             f"checkpoint per step, K={c['every']}",
             c["share_pct"],
@@ -350,6 +380,8 @@ def run(plan: Plan = Plan()) -> dict[str, Any]:
         ("replay", lambda: replay(plan)),
         ("crash", lambda: crash(plan)),
     ]
+    if RTE_DRAIN:
+        parts.insert(3, ("rte_drain", lambda: drain(plan, daemon_wide=True)))
     result: dict[str, Any] = {"windows": 1, "pace_hz": PACE_HZ, "every": EVERY}
     for done, (part, measure) in enumerate(parts, 1):
         began = time.monotonic()

@@ -13,8 +13,10 @@ member that is down and takes it in at its next attach), attaches its share
 of the sessions (so all land on the full one), and streams them; once the
 spare is up each takes it in (one attach and detach of a probe session),
 and at the parent's word all drain the full daemon at once
-(``PoolClient.drain``), then report when they began and ended, each
-session's stall, and the chunk gaps and repeats they saw.
+(``PoolClient.drain``), or, following ``rte drain`` (:attr:`Share.follows`),
+only stream until the pool has moved each of their sessions when the daemon
+said so; then they report when they began and ended, each session's stall,
+and the chunk gaps and repeats they saw.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import queue
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
 
@@ -85,44 +89,67 @@ class Streams:
         return sum(max(s) - min(s) + 1 - len(s) for s in self.emitted.values() if s)
 
 
+@dataclass(frozen=True)
+class Share:
+    """What one drain client does: its sessions on ``full``, the ``spare`` they go
+    to, and whether it drains them itself or ``follows`` a daemon-wide drain."""
+
+    index: int
+    full: str
+    spare: str
+    sessions: int
+    period_ns: float
+    follows: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [f"c{self.index}-s{j}" for j in range(self.sessions)]
+
+
 class DrainClients:
     """``clients`` processes of ``per_client`` sessions each on daemon ``full``; see
     the module. :meth:`attached`, then :meth:`drain` once ``spare`` is up, then
-    :meth:`close`."""
+    :meth:`close`. ``follows``: they do not drain, ``rte drain`` does (the
+    caller's ``command`` to :meth:`drain`), and each moves its sessions when told."""
 
     def __init__(
-        self, full: str, spare: str, clients: int, per_client: int, period_ns: float
+        self,
+        full: str,
+        spare: str,
+        clients: int,
+        per_client: int,
+        period_ns: float,
+        *,
+        follows: bool = False,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self._attached = [context.Event() for _ in range(clients)]
         self._ready = [context.Event() for _ in range(clients)]
         self._joined, self._go = context.Event(), context.Event()
         self._out: multiprocessing.Queue[dict[str, Any]] = context.Queue()
-        self._processes = [
-            context.Process(
-                target=_client,
-                args=(i, full, spare, per_client, period_ns, *self._events(i), self._out),
-                name=f"bench-state-drain-{i}",
-                daemon=True,
+        self._processes = []
+        for i in range(clients):
+            share = Share(i, full, spare, per_client, period_ns, follows)
+            events = (self._attached[i], self._joined, self._ready[i], self._go)
+            process = context.Process(
+                target=_client, args=(share, *events, self._out), name=f"bench-state-drain-{i}"
             )
-            for i in range(clients)
-        ]
+            process.daemon = True
+            self._processes.append(process)
         for p in self._processes:
             p.start()
-
-    def _events(self, i: int) -> tuple[Event, Event, Event, Event]:
-        """Client ``i``'s: attached, joined, ready, go."""
-        return self._attached[i], self._joined, self._ready[i], self._go
 
     def attached(self) -> None:
         """Wait until every client streams every session of its own."""
         self._wait(self._attached, "attached its sessions")
 
-    def drain(self) -> list[dict[str, Any]]:
-        """The spare is up: take it in, drain the full daemon all at once; each report."""
+    def drain(self, command: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+        """The spare is up: take it in, then all drain the full daemon at once (or
+        ``command`` drains it); each client's report."""
         self._joined.set()
         self._wait(self._ready, "taken in the spare daemon")
         self._go.set()
+        command()
         reports = [self._report() for _ in self._processes]
         return sorted(reports, key=lambda r: int(r["client"]))
 
@@ -163,11 +190,7 @@ class DrainClients:
 
 
 def _client(
-    index: int,
-    full: str,
-    spare: str,
-    sessions: int,
-    period_ns: float,
+    share: Share,
     attached: Event,
     joined: Event,
     ready: Event,
@@ -176,39 +199,32 @@ def _client(
 ) -> None:
     """One drain client (in a process of its own); see the module."""
     try:
-        out.put(_drained(index, full, spare, sessions, period_ns, attached, joined, ready, go))
+        out.put(_drained(share, attached, joined, ready, go))
     except BaseException:  # told to the parent, whatever it was
-        out.put({"client": index, "error": traceback.format_exc()})
+        out.put({"client": share.index, "error": traceback.format_exc()})
 
 
-def _drained(
-    index: int,
-    full: str,
-    spare: str,
-    sessions: int,
-    period_ns: float,
-    attached: Event,
-    joined: Event,
-    ready: Event,
-    go: Event,
-) -> dict[str, Any]:
-    names = [f"c{index}-s{j}" for j in range(sessions)]
-    client = connect_pool([full, spare])  # the spare is down: missing, for now
+def _drained(share: Share, attached: Event, joined: Event, ready: Event, go: Event) -> Any:
+    names, spare = share.names, share.spare
+    client = connect_pool([share.full, spare])  # the spare is down: missing, for now
     with client:
-        streams = Streams(client, period_ns)
+        streams = Streams(client, share.period_ns)
         for session in names:
             client.attach(session, {"prompt": "a forest"})
         for session in names:
             streams.until(session, 2)
         attached.set()
-        _stream_until(streams, joined)
-        client.attach(f"c{index}-probe")  # the pool takes in the spare at an attach
-        client.detach(f"c{index}-probe")
+        _stream_until(streams, joined.is_set)
+        client.attach(f"c{share.index}-probe")  # the pool takes in the spare at an attach
+        client.detach(f"c{share.index}-probe")
         ready.set()
-        _stream_until(streams, go)
+        _stream_until(streams, go.is_set)
         since = {s: streams.last(s) for s in names}
         began = time.monotonic()
-        moved = client.drain(full, timeout=TIMEOUT_S)
+        if share.follows:  # moved at the entry of a poll, once the daemon says so
+            _stream_until(streams, lambda: all(client.home.get(s) == spare for s in names))
+        else:
+            client.drain(share.full, timeout=TIMEOUT_S)
         ended = time.monotonic()
         for session in names:
             streams.until(session, streams.last(session) + 2)
@@ -216,19 +232,19 @@ def _drained(
         if elsewhere:
             raise RteError(f"not on the spare after the drain: {elsewhere}")
         return {
-            "client": index,
+            "client": share.index,
             "began": began,
             "ended": ended,
-            "moved": len(moved),
+            "moved": len(names),
             "stalls": [streams.stall(s, since[s]) for s in names],
             "gaps": streams.gaps(),
             "repeats": streams.repeats,
         }
 
 
-def _stream_until(streams: Streams, event: Event) -> None:
+def _stream_until(streams: Streams, done: Callable[[], bool]) -> None:
     deadline = time.monotonic() + STEP_S
-    while not event.is_set():
+    while not done():
         if time.monotonic() > deadline:
-            raise RteError(f"no word from the benchmark in {STEP_S:g} s")
+            raise RteError(f"bench_state: a drain client waited {STEP_S:g} s in vain")
         streams.take(0.02)
