@@ -7,7 +7,9 @@
   :class:`~rte.ray.transport.RayTransport`: sessions admitted by free rows and
   sticky; this node's daemons through shared memory, the others' chunks pushed
   by their hosts (:mod:`rte.ray.relay`, :mod:`rte.ray.remote`); a lost node's
-  sessions alone lost.
+  sessions alone lost. ``export``, ``attach(s, state=...)``, ``migrate(s, to=)``
+  and ``drain(host)`` move a session between nodes, its state through Ray's
+  object store.
 - :func:`~rte.ray.cluster.local_cluster` — several nodes on this machine, every
   Ray process on 127.0.0.1 only (also :func:`~rte.ray.cluster.loopback_environment`).
 
