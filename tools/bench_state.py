@@ -68,11 +68,13 @@ from tools.state_clients import DrainClients, Streams
 
 PACE_HZ = 30.0
 PERIOD_NS = 1e9 / PACE_HZ
-EVERY = 30  # checkpoint every K chunks
+EVERY = 30  # K: a session is checkpointed every K of its steps
 BACKGROUND = 3  # sessions streaming beside the measured one
 TIMEOUT_S = 10.0  # the most any one wait for a chunk lasts
 MIGRATION_TARGET = 2.0  # periods
 CHECKPOINT_TARGET = 5.0  # % of a step
+# admission by rows: a loaded box may measure a real-time capacity below the drain's
+# 32 sessions, and admission is not what this measures (bench_realtime does)
 WORLD = ["--model", "world", "--pace-hz", str(PACE_HZ), "--admission", "rows"]
 RTE_DRAIN = importlib.util.find_spec("rte.cli.drain") is not None  # the daemon-wide drain
 COLUMNS = ["figure", "p50", "p99", "unit", "target", "met"]
@@ -112,7 +114,8 @@ def pair(result: dict[str, Any], figure: str) -> tuple[float, float]:
     return result[f"{what}_p50_{unit}"], result[f"{what}_p99_{unit}"]
 
 
-def name() -> str:
+def daemon_name() -> str:
+    """A daemon name of this process's own (``bench-state-PID-XXXXXX``)."""
     return unique_name("bench-state")
 
 
@@ -139,7 +142,7 @@ def suspend_resume(plan: Plan) -> dict[str, Any]:
     """Session ``a`` suspended and resumed at once, :attr:`Plan.cycles` times."""
     suspends, resumes, stalls = [], [], []
     with (
-        daemons([name()], [*WORLD, "--max-sessions", "8"]) as (daemon,),
+        daemons([daemon_name()], [*WORLD, "--max-sessions", "8"]) as (daemon,),
         daemon.connect() as client,
     ):
         streams = Streams(client, PERIOD_NS)
@@ -169,7 +172,7 @@ def suspend_resume(plan: Plan) -> dict[str, Any]:
 def migrate(plan: Plan) -> dict[str, Any]:
     """Session ``a`` moved between two daemons and back, :attr:`Plan.moves` times."""
     calls, stalls = [], []
-    with daemons([name(), name()], [*WORLD, "--max-sessions", "8"]) as two:
+    with daemons([daemon_name(), daemon_name()], [*WORLD, "--max-sessions", "8"]) as two:
         client = connect_pool([d.name for d in two], timeout=30)
         with client:
             streams = Streams(client, PERIOD_NS)
@@ -200,9 +203,9 @@ def drain(plan: Plan, daemon_wide: bool = False) -> dict[str, Any]:
     each draining its own at once (:mod:`tools.state_clients`), or with
     ``daemon_wide``, ``rte drain NAME`` moving them all (the clients follow)."""
     rows = ["--max-sessions", str(plan.drain_sessions)]
-    spare, said = name(), [""]
+    spare, said = daemon_name(), [""]
     with contextlib.ExitStack() as stack:
-        (full,) = stack.enter_context(daemons([name()], [*WORLD, *rows]))
+        (full,) = stack.enter_context(daemons([daemon_name()], [*WORLD, *rows]))
         share = plan.drain_sessions // 2
         clients = DrainClients(full.name, spare, 2, share, PERIOD_NS, follows=daemon_wide)
         stack.callback(clients.close)
@@ -251,7 +254,7 @@ def replay(plan: Plan) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "walk.jsonl"
         with (
-            daemons([name()], [*WORLD, "--max-sessions", "2"]) as (daemon,),
+            daemons([daemon_name()], [*WORLD, "--max-sessions", "2"]) as (daemon,),
             daemon.connect() as client,
             Recorder(client, path) as recorder,
         ):
@@ -297,7 +300,7 @@ def crash(plan: Plan) -> dict[str, Any]:
 def _crash_once(kill_at: int) -> int:
     """The chunks of ``a`` made again after its daemon is killed past chunk ``kill_at``."""
     options = [*WORLD, "--max-sessions", "2", "--checkpoint-every", str(EVERY)]
-    with daemons([name(), name()], options) as two:
+    with daemons([daemon_name(), daemon_name()], options) as two:
         names = [d.name for d in two]
         client = connect_pool(names, timeout=30, reattach=True, recover=read_checkpoint)
         with client:
