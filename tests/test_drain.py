@@ -309,3 +309,49 @@ def test_an_asyncio_pool_migrates_and_follows_a_drain(
     asyncio.run(asyncio.wait_for(main(), 60))
     same = twin({"a": max(frames)})["a"]
     no_gap_twins_frames(frames, same, "a")
+
+
+def test_a_drained_session_with_nowhere_to_go_stays_then_moves_once_there_is_room(
+    pool: list[DaemonProcess],
+) -> None:
+    """The other daemon full, a drained session's move is refused: it goes back
+    where it was (the draining daemon takes its own session back with its state,
+    never lost), its client is told once, and the move is tried again: once
+    there is room it moves, the drain ends, no gap, the twin's frames."""
+    drained, other = pool
+    frames: dict[str, dict[int, Any]] = {}
+    notices: list[Any] = []
+    with other.client() as filler:
+        for i in range(4):  # every row of the other daemon
+            filler.attach(f"f{i}")
+        with connect_pool([d.name for d in pool], timeout=30) as client:
+            client.attach("a", {"prompt": "forest"})
+            assert client.home["a"] == drained.name
+
+            def stream() -> None:
+                record(client, frames, 0.05)
+                while (chunk := filler.poll(timeout=0.0)) is not None:
+                    chunk.release()
+                notices.extend(client.notices())
+
+            limit = Deadline(what="the drain's refused move")
+            while len(frames.get("a", {})) < 3:
+                limit.check()
+                stream()
+            drain = rte_drain(drained.name, "--timeout", "15")
+            while not any("could not move" in n.message for n in notices):
+                limit.check(notices)
+                stream()
+            assert client.home["a"] == drained.name and client.sessions == {"a"}
+            filler.detach("f0")  # room, at last
+            while drain.poll() is None:
+                limit.check(notices)
+                stream()
+            _, err = drain.communicate()
+            assert drain.returncode == 0, err
+            assert client.home["a"] == other.name
+            for _ in range(10):
+                stream()
+    told = [n.message for n in notices if n.session == "a"]
+    assert len(told) == 2 and told[-1].endswith(f"moved to {other.name!r}"), told
+    no_gap_twins_frames(frames["a"], twin({"a": max(frames["a"])})["a"], "a")

@@ -45,7 +45,7 @@ from rte.client.batch import ChunkBatch
 from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
 from rte.client.loop_wait import LoopWait
-from rte.client.migration import DrainMoves, MigrationError, Move, drain_targets
+from rte.client.migration import MigrationError, Move, drain_targets
 from rte.client.pool import PoolTransport
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice
@@ -245,24 +245,23 @@ class AsyncClient:
         pool = self._pool
         if pool is None or self._moving:
             return {}
-        self._moving, moved = True, {}
+        self._moving, moved, moves = True, {}, pool.moves
         try:
-            for told in pool.moves.due():
+            for told in moves.due():
                 session = told.notice.session
-                if pool.home.get(session) != told.name or session not in self.sessions:
-                    self._core.sort([told.notice])  # gone, or moved meanwhile: as it came
+                if moves.stale(told, pool, self.sessions):
+                    self._core.sort([told.notice])
                     continue
                 try:
                     targets = drain_targets(pool, told.name)
-                    moved[session] = await self.migrate(session, targets, timeout=timeout)
-                except MigrationError as lost:
-                    self.stranded[session] = lost.state
-                    self._core.sort([DrainMoves.lost(told, lost)])
+                    to = await self.migrate(session, targets, timeout=timeout)
+                    news = moves.after(told, to)
+                    moved[session] = to
                 except RteError as why:
-                    again = pool.moves.again(told, why)
-                    self._core.sort([again] if again is not None else [])
-                else:
-                    self._core.sort([DrainMoves.moved(told, moved[session])])
+                    if isinstance(why, MigrationError):
+                        self.stranded[session] = why.state
+                    news = moves.after(told, error=why)
+                self._core.sort([] if news is None else [news])
         finally:
             self._moving = False
         return moved

@@ -149,38 +149,38 @@ class DrainMoves:
         self._told[notice.session] = Told(name, notice)
 
     def due(self) -> list[Told]:
-        """The moves to make now (no longer held: :meth:`again` puts one back)."""
+        """The moves to make now (no longer held: :meth:`after` puts a failed one back)."""
         now = time.monotonic()
         due = [told for told in self._told.values() if told.not_before <= now]
         for told in due:
             del self._told[told.notice.session]
         return due
 
-    def again(self, told: Told, why: RteError) -> Notice | None:
-        """``told``'s move failed for ``why``: tried again later; the notice the
-        caller sees (None: told already, at its first failure)."""
+    @staticmethod
+    def stale(told: Told, pool: PoolTransport, sessions: set[str]) -> bool:
+        """Whether ``told``'s session left its draining daemon meanwhile (detached,
+        lost, moved by the caller): its notice goes out as it came."""
+        session = told.notice.session
+        return pool.home.get(session) != told.name or session not in sessions
+
+    def after(self, told: Told, to: str = "", error: RteError | None = None) -> Notice | None:
+        """The notice the caller sees once ``told``'s move went ``to`` a daemon, or
+        failed for ``error``: a :class:`MigrationError` (its state is the caller's,
+        in ``stranded``), or any other (tried again every :data:`MOVE_RETRY_S`;
+        None: told so already, at its first failure)."""
+        session, said = told.notice.session, told.notice.message
+        if error is None:
+            return Notice(session, NoticeKind.DRAINING, f"{said}: moved to {to!r}")
+        if isinstance(error, MigrationError):
+            text = f"{error}; its state is client.stranded[{session!r}] ({told.name!r} drains)"
+            return Notice(session, NoticeKind.ERROR, text)
         told.tries += 1
         told.not_before = time.monotonic() + MOVE_RETRY_S
-        self._told[told.notice.session] = told
+        self._told[session] = told
         if told.tries > 1:
             return None
-        text = f"{told.notice.message}: could not move ({why}); tried again every {MOVE_RETRY_S}s"
-        return Notice(told.notice.session, NoticeKind.DRAINING, text)
-
-    @staticmethod
-    def moved(told: Told, to: str) -> Notice:
-        """The notice the caller sees once ``told``'s session moved to ``to``."""
-        text = f"{told.notice.message}: moved to {to!r}"
-        return Notice(told.notice.session, NoticeKind.DRAINING, text)
-
-    @staticmethod
-    def lost(told: Told, error: MigrationError) -> Notice:
-        """The notice the caller sees when every daemon refused the session's state."""
-        text = (
-            f"{error}; its state is client.stranded[{told.notice.session!r}] "
-            f"(daemon {told.name!r} drains)"
-        )
-        return Notice(told.notice.session, NoticeKind.ERROR, text)
+        text = f"{said}: could not move ({error}); tried again every {MOVE_RETRY_S:g}s"
+        return Notice(session, NoticeKind.DRAINING, text)
 
 
 class Migrating(EngineClient):
@@ -250,25 +250,22 @@ class Migrating(EngineClient):
         if self._moving:
             return {}
         self._moving = True
-        pool, moved = self.transport, {}
+        pool, moved, moves = self.transport, {}, self.transport.moves
         try:
-            for told in pool.moves.due():
+            for told in moves.due():
                 session = told.notice.session
-                if pool.home.get(session) != told.name or session not in self.sessions:
-                    self._core.sort([told.notice])  # gone, or moved meanwhile: as it came
+                if moves.stale(told, pool, self.sessions):
+                    self._core.sort([told.notice])
                     continue
                 try:
                     to = self.migrate(session, drain_targets(pool, told.name), timeout=timeout)
-                except MigrationError as lost:
-                    self.stranded[session] = lost.state
-                    self._core.sort([DrainMoves.lost(told, lost)])
-                    continue
+                    news = moves.after(told, to)
+                    moved[session] = to
                 except RteError as why:
-                    again = pool.moves.again(told, why)
-                    self._core.sort([again] if again is not None else [])
-                    continue
-                moved[session] = to
-                self._core.sort([DrainMoves.moved(told, to)])
+                    if isinstance(why, MigrationError):
+                        self.stranded[session] = why.state
+                    news = moves.after(told, error=why)
+                self._core.sort([] if news is None else [news])
         finally:
             self._moving = False
         return moved

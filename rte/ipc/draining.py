@@ -12,7 +12,9 @@ daemon is draining, for the rest of its life:
    only sees the notice;
 3. every new attach is REJECTED, saying the daemon is draining (a pool's
    placer takes that as any refusal and tries the next member); a session it
-   holds already may still reset, suspend, resume and export (how it leaves);
+   holds already may still reset, suspend, resume and export (how it leaves),
+   and one it told to move comes back with its state when every other daemon
+   refused it (its client's move puts it back where it was: never lost);
 4. how many sessions it still holds is published at once and at every scan
    (:meth:`publish`), so the command waits for 0 reading shared memory alone.
 
@@ -48,7 +50,7 @@ class Draining:
         self.departures = departures
         self.out = out
         self.since_ns = 0  # time.time_ns() when it began; 0: not draining
-        self._told: set[str] = set()  # sessions whose client was told (once each)
+        self._told: dict[str, Connection] = {}  # session -> the client told (once each)
 
     @property
     def draining(self) -> bool:
@@ -72,10 +74,15 @@ class Draining:
         report = DrainReport(already, since_s, self.held(), self._listed())
         self.out.send(connection, Notice("", NoticeKind.DRAINING, report.to_message(), request.seq))
 
-    def refusal(self, requester: Connection, session: str) -> str | None:
+    def refusal(self, requester: Connection, session: str, moved_in: bool) -> str | None:
         """Why an attach of ``session`` by ``requester`` is REJECTED (None: not
-        draining, or the session is ``requester``'s already: the engine keeps it)."""
+        draining; the session is ``requester``'s already, the engine keeps it; or
+        ``moved_in``, with its state, it is one of ``requester``'s told to move,
+        coming back: every daemon it was sent to refused it, and its state must
+        not be lost)."""
         if not self.draining or self.router.owner(session) is requester:
+            return None
+        if moved_in and self._told.get(session) is requester:
             return None
         self.control.count(Counter.ADMISSION_REJECTIONS)
         return (
@@ -96,7 +103,7 @@ class Draining:
         for session, owner in list(self.router.owners.items()):
             if session in self._told:
                 continue
-            self._told.add(session)
+            self._told[session] = owner
             text = (
                 f"daemon {self.name!r} is draining: move session {session!r} to another "
                 "daemon (export it, attach it there with its state; a pool does so itself)"

@@ -39,7 +39,7 @@ from rte.ipc.router import Router
 from rte.protocol.control import Control, Counter
 from rte.protocol.drain import Drain
 from rte.protocol.inputs import conditioning_of, with_conditioning
-from rte.protocol.requests import Act, Attach, Detach, Request, Reset
+from rte.protocol.requests import STATE_KEY, Act, Attach, Detach, Request, Reset
 from rte.protocol.wire import Bye, decode_request, request_seq
 from rte.serve import OutboxItem, ServeLoop
 from shm import RingCorrupt
@@ -109,7 +109,8 @@ class Intake:
             return
         refusal = self.router.refuse(connection, message)
         if isinstance(message, Attach) and refusal is None:
-            rejected = self.draining.refusal(connection, message.session)
+            moved_in = STATE_KEY in message.conditioning
+            rejected = self.draining.refusal(connection, message.session, moved_in)
             if rejected is None and self._out_of_handles(connection, message.session):
                 rejected = (
                     f"session {message.session!r} refused: this client holds "
