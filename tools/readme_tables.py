@@ -6,13 +6,13 @@
 
 Prints, for each suite the JSON holds, its tables (engine; e2e flat; e2e
 paced; transport round trip and latent handoff; the real-time suite's ramp,
-churn, overload and processes), each after an HTML comment naming it, so that
-every table comes from the same run. ``--write FILE`` puts them into FILE
-instead: each table after its comment is replaced (and the ``<!-- from one
-... -->`` line before a suite's first table says which run), and nothing else
-changes, so the prose that reads the tables is for a person to check. A
-figure with a spread shows it as ``±x%`` (half the range over windows, in %
-of the median; see ``tools.report``).
+churn, overload and processes; the state suite's one), each after an HTML
+comment naming it, so that every table comes from the same run. ``--write
+FILE`` puts them into FILE instead: each table after its comment is replaced
+(and the ``<!-- from one ... -->`` line before a suite's first table says
+which run), and nothing else changes, so the prose that reads the tables is
+for a person to check. A figure with a spread shows it as ``±x%`` (half the
+range over windows, in % of the median; see ``tools.report``).
 """
 
 from __future__ import annotations
@@ -215,6 +215,12 @@ def realtime_processes(result: dict[str, Any]) -> str:
     return _columns(result["processes"], columns)
 
 
+def state(result: dict[str, Any]) -> str:
+    columns = [("figure", "figure"), ("p50", "p50"), ("p99", "p99"), ("unit", "unit")]
+    columns += [("target", "target"), ("met", "met")]
+    return _columns(result["rows"], columns)
+
+
 TABLES: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("engine", "engine", engine),
     ("e2e", "e2e flat", e2e_flat),
@@ -225,6 +231,7 @@ TABLES: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("realtime", "realtime churn", realtime_churn),
     ("realtime", "realtime overload", realtime_overload),
     ("realtime", "realtime processes", realtime_processes),
+    ("state", "state", state),
 ]
 
 
