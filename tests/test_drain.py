@@ -249,8 +249,9 @@ def test_rte_drain_says_what_is_wrong_in_one_line(
 def test_an_asyncio_pool_migrates_and_follows_a_drain(
     pool: list[DaemonProcess], shm_prefix: str
 ) -> None:
-    """The asyncio client over a pool: ``migrate`` moves a session with no gap, and a
-    drain of its daemon moves it back at its next poll, its notice saying where."""
+    """The asyncio client over a pool: ``migrate`` and ``drain`` move a session with
+    no gap, and ``rte drain`` of its daemon moves it at its next poll, its notice
+    saying where; a plain asyncio client has nowhere to move to."""
     frames: dict[int, Any] = {}
     notices: list[Any] = []
 
@@ -275,12 +276,16 @@ def test_an_asyncio_pool_migrates_and_follows_a_drain(
             while len(frames) < 10:
                 limit.check()
                 await poll_into(client)
-            drain = await asyncio.create_subprocess_exec(
+            assert await client.drain(second) == {"a": first}  # this client's own drain
+            while len(frames) < 15:
+                limit.check()
+                await poll_into(client)
+            drain = await asyncio.create_subprocess_exec(  # then the daemon-wide one
                 sys.executable,
                 "-m",
                 "rte",
                 "drain",
-                second,
+                first,
                 "--timeout",
                 "10",
                 stdout=asyncio.subprocess.PIPE,
@@ -294,14 +299,14 @@ def test_an_asyncio_pool_migrates_and_follows_a_drain(
                     await asyncio.wait_for(drain.wait(), 0.01)
             _, err = await drain.communicate()
             assert drain.returncode == 0, err
-            assert homes["a"] == first
+            assert homes["a"] == second
             end = len(frames) + 10
             while len(frames) < end:
                 limit.check()
                 await poll_into(client)
             notices.extend(client.notices())
             moved = [n for n in notices if n.kind is NoticeKind.DRAINING]
-            assert len(moved) == 1 and f"moved to {first!r}" in moved[0].message, moved
+            assert len(moved) == 1 and f"moved to {second!r}" in moved[0].message, moved
         async with connect_async(pool[0].name, timeout=30) as plain:
             with pytest.raises(RequestError, match="not a pool"):
                 await plain.migrate("a", to=pool[1].name)

@@ -89,10 +89,8 @@ def run(args: argparse.Namespace) -> int:
         pid, start = transport.control.segment.creator_pid, transport.control.segment.creator_start
         report = _ask(transport, 1)
         if report.already:
-            print(
-                f"{name} is draining already (for {report.since_s:.1f} s): "
-                f"waiting for its {_sessions(report.held)}"
-            )
+            wait = f"waiting for its {_sessions(report.held)}" if report.held else "it is empty"
+            print(f"{name} is draining already (for {report.since_s:.1f} s): {wait}")
         else:
             print(f"draining {name}: {_sessions(report.held)} to move, no new session taken")
         left = _wait_empty(transport, began + args.timeout)
@@ -139,7 +137,8 @@ def _wait_empty(transport: ShmTransport, deadline: float) -> int:
     then. What reaches this client meanwhile (engine-wide news) is read and let go."""
     control = transport.control
     while (held := control.held) and time.monotonic() < deadline:
-        transport.receive(_nothing)  # (EngineGone if the daemon died)
+        transport.slot.check()  # EngineGone if the daemon stopped or died meanwhile
+        transport.receive(_nothing)
         time.sleep(WATCH_EVERY_S)
     return held
 
