@@ -23,7 +23,8 @@ FIGURES = [
     "migration stall",
     "drain 8 sessions, 2 clients",
     "drain stall per session",
-    *["rte drain 8 sessions, 2 clients", "rte drain stall per session"] * bench_state.RTE_DRAIN,
+    "rte drain 8 sessions, 2 clients",
+    "rte drain stall per session",
     "checkpoint per step, K=30",
     "checkpoint bytes per session",
     "replay flat out",
@@ -69,8 +70,7 @@ def test_the_quick_state_bench_measures_every_part_and_cleans_up(
     _finite_pair(migrate, "call_periods")
     assert suspend["cycles"] == quick.cycles and migrate["moves"] == quick.moves
 
-    drains = [drain, result["rte_drain"]] if bench_state.RTE_DRAIN else [drain]
-    for each in drains:  # every session moved, no chunk lost or repeated
+    for each in (drain, result["rte_drain"]):  # every session moved, no chunk lost or repeated
         assert each["moved"] == each["sessions"] == quick.drain_sessions, each
         assert each["clients"] == 2 and each["gaps"] == 0 and each["repeats"] == 0, each
         assert each["seconds"] > 0

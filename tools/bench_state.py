@@ -17,9 +17,9 @@ event, in periods: 1.0 is no stall at all, a chunk every period as before.
 * **drain**: a daemon holding :attr:`Plan.drain_sessions` sessions of two
   client processes (:mod:`tools.state_clients`), each ``PoolClient.drain`` of
   its own sessions at once: the time from the first start to the last end, and
-  each session's stall. Then the same with ``rte drain NAME`` (where this rte
-  has it: :data:`RTE_DRAIN`), the clients only streaming and moving their
-  sessions when the daemon says: the command's own time, and each stall.
+  each session's stall. Then the same with ``rte drain NAME``, the clients
+  only streaming and moving their sessions when the daemon says: the
+  command's own time, and each stall.
 * **checkpoint**: :func:`tools.bench_checkpoint.measure` (in process, flat out,
   the world model's 8 sessions): the time checkpoints take every K = 30 steps,
   as a share of a step, and the bytes of one session's state.
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -76,7 +75,6 @@ CHECKPOINT_TARGET = 5.0  # % of a step
 # admission by rows: a loaded box may measure a real-time capacity below the drain's
 # 32 sessions, and admission is not what this measures (bench_realtime does)
 WORLD = ["--model", "world", "--pace-hz", str(PACE_HZ), "--admission", "rows"]
-RTE_DRAIN = importlib.util.find_spec("rte.cli.drain") is not None  # the daemon-wide drain
 COLUMNS = ["figure", "p50", "p99", "unit", "target", "met"]
 TABLES: list[report.TableSpec] = [
     (f"A session's world survives (world model at {PACE_HZ:g} Hz)", "rows", {}, COLUMNS)
@@ -340,11 +338,7 @@ def summary(r: dict[str, Any]) -> list[dict[str, Any]]:
     c, p, k = r["checkpoint"], r["replay"], r["crash"]
     moved = pair(m, "stall_periods")
     lost = (k["lost_p50"], float(k["lost_max"]))
-    e = r.get("rte_drain")
-    wide = [
-        _row(f"rte drain {e['sessions']} sessions, {e['clients']} clients", e["seconds"], "s"),
-        _row("rte drain stall per session", pair(e, "stall_periods"), "periods"),
-    ] if e else []  # fmt: skip
+    e = r["rte_drain"]
     return [
         _row("suspend call", pair(s, "suspend_periods"), "periods"),
         _row("resume call", pair(s, "resume_periods"), "periods"),
@@ -353,7 +347,8 @@ def summary(r: dict[str, Any]) -> list[dict[str, Any]]:
         _row("migration stall", moved, "periods", "<= 2", moved[1] <= MIGRATION_TARGET),
         _row(f"drain {d['sessions']} sessions, {d['clients']} clients", d["seconds"], "s"),
         _row("drain stall per session", pair(d, "stall_periods"), "periods"),
-        *wide,
+        _row(f"rte drain {e['sessions']} sessions, {e['clients']} clients", e["seconds"], "s"),
+        _row("rte drain stall per session", pair(e, "stall_periods"), "periods"),
         _row(
             f"checkpoint per step, K={c['every']}",
             c["share_pct"],
@@ -379,12 +374,11 @@ def run(plan: Plan = Plan()) -> dict[str, Any]:
         ("suspend", lambda: suspend_resume(plan)),
         ("migrate", lambda: migrate(plan)),
         ("drain", lambda: drain(plan)),
+        ("rte_drain", lambda: drain(plan, daemon_wide=True)),
         ("checkpoint", lambda: checkpoint(plan)),
         ("replay", lambda: replay(plan)),
         ("crash", lambda: crash(plan)),
     ]
-    if RTE_DRAIN:
-        parts.insert(3, ("rte_drain", lambda: drain(plan, daemon_wide=True)))
     result: dict[str, Any] = {"windows": 1, "pace_hz": PACE_HZ, "every": EVERY}
     for done, (part, measure) in enumerate(parts, 1):
         began = time.monotonic()
