@@ -206,6 +206,14 @@ def test_a_plain_clients_session_stays_the_drain_times_out_naming_it(
         assert any(
             drained.name in line and "draining" in line for line in listing.stdout.split("\n")
         )
+        shown = subprocess.run(
+            [sys.executable, "-m", "rte", "inspect", drained.name],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "draining for " in shown.stdout.splitlines()[0], shown.stdout + shown.stderr
         while drain.poll() is None:
             limit.check()
             record(plain, {})

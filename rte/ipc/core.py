@@ -6,6 +6,8 @@ stops it. Each turn is a short numbered sequence:
 
 1. beat the heartbeat; adopt new clients and reap dead ones (their sessions
    are detached, their slots and rings given back; nobody else notices);
+   publish how many sessions it holds (what ``rte drain`` waits to see at 0:
+   :mod:`rte.ipc.draining`);
 2. drain every client's inbox (:class:`~rte.ipc.intake.Intake`): each record
    is decoded, checked by the :class:`~rte.ipc.router.Router` (ownership) and
    handed to the shared :class:`~rte.serve.ServeLoop`; a bad record gets an
