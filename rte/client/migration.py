@@ -254,8 +254,8 @@ class Migrating(EngineClient):
         try:
             for told in moves.due():
                 session = told.notice.session
-                if moves.stale(told, pool, self.sessions):
-                    self._core.sort([told.notice])
+                if moves.stale(told, pool, self.sessions):  # (told already: not again)
+                    self._core.sort([] if told.tries else [told.notice])
                     continue
                 try:
                     to = self.migrate(session, drain_targets(pool, told.name), timeout=timeout)
