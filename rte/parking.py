@@ -25,6 +25,7 @@ The states held are bounded by ``budget_bytes`` (their arrays,
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,17 +119,19 @@ class Parking:
         state: SessionState = suspend(session)
         return state
 
-    def export(self, session: str, into: Callable[[SessionState], int]) -> int:
-        """Hand ``session``'s state to ``into`` (suspending it first unless parked;
-        outside the budget: it is leaving) and hold it parked, rowless, for its
-        detach; the bytes ``into`` says it holds. What ``into`` raises (a state
-        too big for it) leaves the session as it was."""
+    def export(
+        self, session: str, into: Callable[[SessionState], int], host: dict[str, Any]
+    ) -> int:
+        """Hand ``session``'s state, with the loop's ``host`` half, to ``into``
+        (suspending it first unless parked; outside the budget: it is leaving) and
+        hold it parked, rowless, for its detach; the bytes ``into`` says it holds.
+        What ``into`` raises (a state too big for it) leaves the session as it was."""
         if not callable(into):
             raise RequestError(f"export of {session!r}: nowhere to put its state")
         held = self.parked.get(session)
         state = held.state if held is not None else self._suspend(session)
         try:
-            nbytes = into(state)
+            nbytes = into(dataclasses.replace(state, host=host))
         except BaseException:
             if held is None:
                 self.engine.resume(session, state)  # at the same boundary: nothing lost

@@ -16,6 +16,14 @@ or emitted ``c`` and generated ``c + 1`` (depth 2: the chunk generated at step
 session keeps ``(first chunk, seq)`` marks until a chunk reaches them, so the
 cost is a dictionary look-up per chunk of a session that acted, and none at
 all while no session has acted.
+
+A session that moves (an export, a checkpoint) takes its receipts along
+(:meth:`Receipts.of`, in its state's host half: :class:`rte.state.HostHalf`)
+and the host it moves to goes on from them (:meth:`Receipts.restore`), so a
+chunk carries the same ``applied`` on either host. The seqs are those of the
+client that acted: a :class:`~rte.client.PoolClient` numbers its requests
+across all its daemons, so they stay its own when a session moves in the pool;
+a state attached by another client carries the first client's seqs.
 """
 
 from __future__ import annotations
@@ -116,6 +124,24 @@ class Receipts:
                     result = new(StepResult, (*result[:-1], seq))  # noqa: PLW2901
             out.append(result)
         return out
+
+    def of(self, session: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """``session``'s receipts as they stand: the seq its last stamped chunk
+        applied, and the ``(first chunk, seq)`` marks no emitted chunk reached yet."""
+        return self.current.get(session, 0), tuple(self._marks.get(session, ()))
+
+    def restore(self, session: str, applied: int, marks: tuple[tuple[int, int], ...]) -> None:
+        """``session`` moved in with the receipts :meth:`of` gave where it was (it
+        may have left here this very turn: it is not forgotten then)."""
+        if session in self._leaving:
+            self._leaving = [s for s in self._leaving if s != session]
+        self.current.pop(session, None)
+        self._marks.pop(session, None)
+        if applied:
+            self.current[session] = applied
+        if marks:
+            self._marks[session] = collections.deque(marks)
+        self._columns.clear()  # (a cached column would not see its current seq)
 
     def forget(self, session: str) -> None:
         """The session left: its next binding counts from 0. Its chunks finalized at

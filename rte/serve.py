@@ -67,6 +67,7 @@ from rte.protocol.requests import (
 from rte.queues import Inbox, Outbox, drain, put_all
 from rte.realtime import DEFAULT_MARGIN
 from rte.receipts import Receipts
+from rte.state import HostHalf, SessionState
 from rte.turns import Turns
 
 __all__ = ["Emit", "Inbox", "Outbox", "OutboxItem", "ServeLoop", "default_serve"]
@@ -210,8 +211,8 @@ class ServeLoop:
                 case Resume():
                     self._resume(message.session, seq, out)
                 case Export():  # its state handed over, then it leaves (no row to leave)
-                    self._require(session)
-                    nbytes = self.parking.export(session, message.into)
+                    host = self.host_state(session)  # (its queued actions, receipts, class)
+                    nbytes = self.parking.export(session, message.into, host)
                     self.detach(session, seq=seq, out=out)
                     out.append(Notice(session, NoticeKind.EXPORTED, str(nbytes), seq))
                 case Wake():
@@ -294,12 +295,14 @@ class ServeLoop:
 
     def host_state(self, session: str) -> dict[str, Any]:
         """What this loop keeps for an attached ``session`` beside its engine state
-        (its priority, the actions queued for its next step and their seq): the
-        ``host`` of a checkpointed :class:`~rte.state.SessionState`."""
+        (its priority, the actions queued for its next step and their seq, its
+        receipts): the ``host`` of an exported or checkpointed
+        :class:`~rte.state.SessionState` (:class:`~rte.state.HostHalf`)."""
         self._require(session)
         actions, seq = self.pending.of(session)
         priority = self.governor.priority.get(session, DEFAULT_PRIORITY)
-        return {"priority": priority, "actions": actions, "act_seq": seq}
+        applied, marks = self.receipts.of(session)
+        return HostHalf(priority, actions, seq, applied, marks).to_value()
 
     def _forget(self, session: str) -> None:
         del self.conditioning[session]
@@ -325,18 +328,40 @@ class ServeLoop:
         if new and admit:  # AdmissionError past real time (parked sessions take no time)
             self.realtime.admit(len(self.conditioning) - len(self.parking.parked))
         state = carried_state(conditioning)  # moved in with its state (exported, checkpointed)
+        host = None
         if state is not None and new:
-            if not self.parking.can_park:
-                raise StateError(f"session {session!r} cannot move in: this model takes no state")
-            engine: Any = self.engine  # resume: past the Engine protocol, as parking's
-            engine.resume(session, state)
+            host = self._move_in(session, state)
             conditioning = state.conditioning
+            if priority == DEFAULT_PRIORITY and host.priority is not None:
+                priority = host.priority  # (an attach naming another class: its own)
         elif session not in self.parking:  # (parked: attached already)
             self.engine.attach(session, conditioning)
         if new:
             self.conditioning[session] = dict(conditioning)
+        if host is not None:  # what was queued applies at its next step, as it would have
+            if host.actions:
+                self.pending.put(session, host.actions, host.act_seq)
+                self.conditioning[session].update(host.actions)
+            self.receipts.restore(session, host.applied, host.marks)
         out.append(Notice(session, NoticeKind.ATTACHED, "", seq))
         out += self.governor.add(session, priority)  # joining a reduced class: told so
+
+    def _move_in(self, session: str, state: SessionState) -> HostHalf:
+        """Resume ``session`` from ``state`` moved in; its host half, checked. A
+        StateError (naming the field) loads nothing."""
+        host = HostHalf.of(state.host, session)
+        if not self.parking.can_park:
+            raise StateError(f"session {session!r} cannot move in: this model takes no state")
+        engine: Any = self.engine  # resume: past the Engine protocol, as parking's
+        engine.resume(session, state)
+        try:
+            self._check(session, host.actions)  # (a row to check them against now)
+        except (ValueError, TypeError) as exc:
+            engine.detach(session)  # nothing loaded
+            raise StateError(
+                f"session {session!r} cannot move in: its state's host.actions are refused: {exc}"
+            ) from None
+        return host
 
     def _act(self, session: str, action: Action, seq: int, out: list[OutboxItem]) -> None:
         self._require(session)

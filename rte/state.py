@@ -7,7 +7,7 @@ chunk boundary, apart from any engine, so that a session can be suspended
 later written to a checkpoint; a resumed session's frames are those of a twin
 that was never suspended, bit for bit.
 
-It has two halves:
+It has three parts:
 
 * the engine's: the session's next chunk index, whether it was seeded, its
   conditioning, the heavy changes staged for an encode, and the chunks it made
@@ -18,7 +18,13 @@ It has two halves:
   imports again, labelled with the model's :class:`ModelIdentity` (its name, a
   digest of what its state means: configuration and weights, and its own
   format version), so a state of another model, configuration or version is
-  refused, never loaded.
+  refused, never loaded;
+* the host's (:class:`HostHalf`, in ``SessionState.host``): what the serving
+  loop keeps for the session beside its engine (its priority, the actions
+  queued for its next step and their seq, its receipts), filled by an export
+  and a checkpoint and restored by an attach with the state, so that a moved
+  session's queued action applies at the chunk it would have on its old host.
+  A state made by an engine alone (``ComposedEngine.suspend``) has none: {}.
 
 As bytes (:meth:`SessionState.to_bytes`) it is a small header (magic, format
 version, body length, a BLAKE2b digest of the body) and one value of the
@@ -39,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rte.errors import StateError, WireError
+from rte.overload import LOWEST
 from rte.protocol.values import decode_value, encode_value
 
 FORMAT = 1  # the version of the SessionState layout (the engine's half, and the header)
@@ -120,8 +127,8 @@ class SessionState:
         pending: chunks made but not yet emitted, in order, the last being
             ``chunk - 1`` (pipelined: the one DEFERRED had in flight).
         latent: the chunks' ``(dtype, shape)`` (the manifest's).
-        host: what the host serving the session carries with it (credits, the
-            last applied action's seq): JSON-like values, kept as they are.
+        host: what the host serving the session carries with it: a
+            :meth:`HostHalf.to_value` ({} for none), checked when it is restored.
     """
 
     session: str
@@ -222,3 +229,95 @@ def _typed(value: Any, kind: type) -> Any:
     if not isinstance(value, kind):
         raise TypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+MAX_SEQ = 0xFFFFFFFF  # a request's seq is a u32 (0: none)
+
+
+@dataclass(frozen=True)
+class HostHalf:
+    """What a serving loop keeps for a session beside its engine state, as it moves
+    in ``SessionState.host`` (credits do not move: they are the new attach's own).
+
+    Attributes:
+        priority: its class under overload, 0 to 3 (None: not carried; the attach's).
+        actions: the actions that arrived since its last step, merged, that its
+            next step applies (the keys its client set, and their values).
+        act_seq: the seq of the last of them (0: none).
+        applied: the seq its last emitted chunk applied (its receipts go on from it).
+        marks: ``(first chunk, seq)`` of each action handed to its engine that no
+            emitted chunk has reached yet (:class:`rte.receipts.Receipts`).
+    """
+
+    priority: int | None = None
+    actions: dict[str, Any] = field(default_factory=dict)
+    act_seq: int = 0
+    applied: int = 0
+    marks: tuple[tuple[int, int], ...] = ()
+
+    def to_value(self) -> dict[str, Any]:
+        """The half as ``SessionState.host`` holds it (what :meth:`of` reads)."""
+        value: dict[str, Any] = {
+            "actions": dict(self.actions),
+            "act_seq": self.act_seq,
+            "applied": self.applied,
+            "marks": [list(mark) for mark in self.marks],
+        }
+        if self.priority is not None:
+            value["priority"] = self.priority
+        return value
+
+    @classmethod
+    def of(cls, host: object, session: str = "") -> HostHalf:
+        """The half in ``host`` (each key optional); StateError naming the field for
+        one that is not of its kind, or a key that is not one of them."""
+
+        def refused(what: str) -> StateError:
+            return StateError(
+                f"session {session!r} cannot move in: its state's host half is refused: {what} "
+                "(export it again from a host of this rte)"
+            )
+
+        if not isinstance(host, Mapping):
+            raise refused(f"host is a {type(host).__name__}, not a map")
+        unknown = sorted(str(k) for k in host if k not in _HOST_KEYS)
+        if unknown:
+            raise refused(
+                f"unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(_HOST_KEYS)})"
+            )
+        priority = host.get("priority")
+        if priority is not None and not (_whole(priority) and 0 <= priority <= LOWEST):
+            raise refused(f"host.priority must be a whole number 0 to {LOWEST}, not {priority!r}")
+        actions = host.get("actions", {})
+        if not isinstance(actions, Mapping) or not all(isinstance(k, str) for k in actions):
+            raise refused(f"host.actions must be a map of conditioning keys, not {actions!r}")
+        seqs = {name: host.get(name, 0) for name in ("act_seq", "applied")}
+        for name, seq in seqs.items():
+            if not (_whole(seq) and 0 <= seq <= MAX_SEQ):
+                raise refused(f"host.{name} must be a seq, 0 to {MAX_SEQ}, not {seq!r}")
+        marks = host.get("marks", ())
+        if not isinstance(marks, list | tuple) or not all(_mark(m) for m in marks):
+            raise refused(f"host.marks must be (first chunk, seq) pairs, not {marks!r}")
+        return cls(
+            priority,
+            dict(actions),
+            seqs["act_seq"],
+            seqs["applied"],
+            tuple((int(m[0]), int(m[1])) for m in marks),
+        )
+
+
+_HOST_KEYS = ("priority", "actions", "act_seq", "applied", "marks")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mark(mark: object) -> bool:
+    return (
+        isinstance(mark, list | tuple)
+        and len(mark) == 2
+        and all(_whole(n) and n >= 0 for n in mark)
+        and mark[1] <= MAX_SEQ
+    )
