@@ -302,7 +302,8 @@ class ServeLoop:
         actions, seq = self.pending.of(session)
         priority = self.governor.priority.get(session, DEFAULT_PRIORITY)
         applied, marks = self.receipts.of(session)
-        return HostHalf(priority, actions, seq, applied, marks).to_value()
+        asked = self.parking.asked(session)
+        return HostHalf(priority, actions, seq, applied, marks, asked).to_value()
 
     def _forget(self, session: str) -> None:
         del self.conditioning[session]
@@ -345,6 +346,8 @@ class ServeLoop:
             self.receipts.restore(session, host.applied, host.marks)
         out.append(Notice(session, NoticeKind.ATTACHED, "", seq))
         out += self.governor.add(session, priority)  # joining a reduced class: told so
+        if host is not None and host.suspended:
+            self._park_moved(session, out)
 
     def _move_in(self, session: str, state: SessionState) -> HostHalf:
         """Resume ``session`` from ``state`` moved in; its host half, checked. A
@@ -362,6 +365,17 @@ class ServeLoop:
                 f"session {session!r} cannot move in: its state's host.actions are refused: {exc}"
             ) from None
         return host
+
+    def _park_moved(self, session: str, out: list[OutboxItem]) -> None:
+        """``session`` moved in suspended by its client: parked again (news, seq 0),
+        or, past this host's park budget, told it streams."""
+        try:
+            self.parking.park(session, asked=True)
+        except AdmissionError as exc:
+            out.append(Notice(session, NoticeKind.RESUMED, f"moved in suspended, but {exc}"))
+            return
+        why = "moved in suspended, as it left: resume it to stream"
+        out.append(Notice(session, NoticeKind.SUSPENDED, why))
 
     def _act(self, session: str, action: Action, seq: int, out: list[OutboxItem]) -> None:
         self._require(session)

@@ -247,6 +247,7 @@ class HostHalf:
         applied: the seq its last emitted chunk applied (its receipts go on from it).
         marks: ``(first chunk, seq)`` of each action handed to its engine that no
             emitted chunk has reached yet (:class:`rte.receipts.Receipts`).
+        suspended: whether its client had suspended it (it moves in suspended).
     """
 
     priority: int | None = None
@@ -254,6 +255,7 @@ class HostHalf:
     act_seq: int = 0
     applied: int = 0
     marks: tuple[tuple[int, int], ...] = ()
+    suspended: bool = False
 
     def to_value(self) -> dict[str, Any]:
         """The half as ``SessionState.host`` holds it (what :meth:`of` reads)."""
@@ -265,6 +267,8 @@ class HostHalf:
         }
         if self.priority is not None:
             value["priority"] = self.priority
+        if self.suspended:
+            value["suspended"] = True
         return value
 
     @classmethod
@@ -298,16 +302,20 @@ class HostHalf:
         marks = host.get("marks", ())
         if not isinstance(marks, list | tuple) or not all(_mark(m) for m in marks):
             raise refused(f"host.marks must be (first chunk, seq) pairs, not {marks!r}")
+        suspended = host.get("suspended", False)
+        if not isinstance(suspended, bool):
+            raise refused(f"host.suspended must be True or False, not {suspended!r}")
         return cls(
             priority,
             dict(actions),
             seqs["act_seq"],
             seqs["applied"],
             tuple((int(m[0]), int(m[1])) for m in marks),
+            suspended,
         )
 
 
-_HOST_KEYS = ("priority", "actions", "act_seq", "applied", "marks")
+_HOST_KEYS = ("priority", "actions", "act_seq", "applied", "marks", "suspended")
 
 
 def _whole(value: object) -> bool:

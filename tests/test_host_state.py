@@ -28,7 +28,7 @@ from rte.contract import Action, NoticeKind, StepResult
 from rte.ipc.checkpoints import read_checkpoint
 from rte.models import ReferenceModel, load_model
 from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.requests import Act, Attach, Export, StateBox, with_state
+from rte.protocol.requests import Act, Attach, Export, Resume, StateBox, Suspend, with_state
 from rte.serve import ServeLoop
 from rte.state import HostHalf, SessionState
 
@@ -119,6 +119,28 @@ def test_a_priority_moves_with_its_session_unless_the_attach_names_another() -> 
         run.close()
 
 
+def test_a_session_its_client_suspended_moves_in_suspended_and_resumes_as_its_twin() -> None:
+    """Suspended, then exported: it moves in suspended (no chunk until its client
+    resumes it), and once resumed its frames are the twin's."""
+    twin, old = Run(True), Run(True)
+    twin.step(6)
+    old.step(3)
+    old.loop.handle(Suspend("a", seq=3))
+    state = old.export()
+    assert state.host.get("suspended") is True, state.host
+    new = Run(True, Attach("a", with_state({}, state), seq=2))
+    kinds = [n.kind for n in new.answers]
+    assert kinds == [NoticeKind.ATTACHED, NoticeKind.SUSPENDED], new.answers
+    new.step(2)
+    assert not new.frames, "a suspended session streamed where it moved"
+    resumed = new.loop.handle(Resume("a", seq=4))
+    assert [n.kind for n in resumed] == [NoticeKind.RESUMED], resumed
+    new.step(3)
+    _same({**old.frames, **new.frames}, twin.frames, "frames")
+    for run in (twin, old, new):
+        run.close()
+
+
 MALFORMED = {
     "priority": ({"priority": 7}, "host.priority"),
     "priority-type": ({"priority": "high"}, "host.priority"),
@@ -129,6 +151,7 @@ MALFORMED = {
     "seq": ({"act_seq": -1}, "host.act_seq"),
     "applied": ({"applied": 1.5}, "host.applied"),
     "marks": ({"marks": [[3]]}, "host.marks"),
+    "suspended": ({"suspended": "yes"}, "host.suspended"),
 }
 
 
@@ -153,8 +176,8 @@ def test_a_malformed_host_half_is_refused_naming_its_field_and_loads_nothing(cas
 
 
 def test_a_host_half_reads_back_what_it_wrote_and_an_empty_one_is_none() -> None:
-    half = HostHalf(2, {"move": (1, 0)}, 9, 4, ((6, 9),))
-    assert HostHalf.of(half.to_value()) == half
+    for half in (HostHalf(2, {"move": (1, 0)}, 9, 4, ((6, 9),)), HostHalf(suspended=True)):
+        assert HostHalf.of(half.to_value()) == half
     assert HostHalf.of({}) == HostHalf()  # (a state of an engine alone: ComposedEngine.suspend)
     with pytest.raises(StateError, match="not a map"):
         HostHalf.of([1])
