@@ -22,7 +22,7 @@ import test_migrate
 from daemon_harness import DaemonProcess, Deadline
 from test_checkpoint_recovery import frames_of
 
-from rte import ComposedEngine, StateError
+from rte import ComposedEngine, RequestError, StateError
 from rte.client import PoolClient, connect_pool
 from rte.contract import Action, NoticeKind, StepResult
 from rte.ipc.checkpoints import read_checkpoint
@@ -256,6 +256,22 @@ def test_a_priority_survives_a_migrate(pair: list[DaemonProcess]) -> None:
         assert client.migrate("a", to=to) == to
         state = client.export("a")  # (what the new daemon's loop holds for it)
     assert state.host.get("priority") == 3, state.host
+
+
+def test_a_malformed_host_half_is_refused_by_a_daemon_and_the_state_still_moves(
+    pair: list[DaemonProcess],
+) -> None:
+    with connect_pool([d.name for d in pair], timeout=30) as client:
+        client.attach("a", {"prompt": "forest"})
+        to = next(d.name for d in pair if d.name != client.home["a"])
+        assert client.migrate("a", to=to) == to
+        state = client.export("a")  # (its host half from the daemon it moved to)
+        bad = dataclasses.replace(state, host={**state.host, "priority": 9})
+        with pytest.raises(RequestError, match=r"host\.priority must be a whole number 0 to 3"):
+            client.attach("a", state=bad)
+        assert client.sessions == set()
+        client.attach("a", state=state)  # nothing was lost
+        assert client.sessions == {"a"}
 
 
 def test_a_priority_survives_a_checkpoint_recovery(daemons: list[DaemonProcess]) -> None:
