@@ -35,7 +35,10 @@ the loop, so its host fails closed instead of serving errors.
 
 A session may be parked (:mod:`rte.parking`): suspended by its client, or
 idle past ``park_idle_s``; it stays attached, its state in host memory, and its
-step boundary is where it comes back.
+step boundary is where it comes back. A session that moves (an export, a
+checkpoint) takes what the loop keeps for it along (:class:`~rte.state.HostHalf`:
+its class, queued actions, receipts, whether it was suspended); the loop it
+moves into restores it, so a queued action applies at the chunk it would have.
 
 Run it on the thread that will step the engine for its whole life (CUDA
 streams are per-thread): ``threading.Thread(target=default_serve, ...)``.

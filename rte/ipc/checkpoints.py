@@ -7,7 +7,8 @@ of a twin, :mod:`rte.suspension`), and writes the state's bytes
 (:meth:`~rte.state.SessionState.to_bytes`: a digest over its body) into the
 checkpoint segment. The serve loop's own values for the session (its priority,
 the actions queued for its next step and their seq: its
-:meth:`~rte.serve.ServeLoop.host_state`) travel in ``state.host``.
+:meth:`~rte.serve.ServeLoop.host_state`) travel in ``state.host``, which the
+loop a pool reattaches the session to restores (:class:`~rte.state.HostHalf`).
 
 The segment (``DaemonNames.checkpoint(generation)``: one per daemon of the
 name, the restarted one taking the next generation; 0600 and of this user like
