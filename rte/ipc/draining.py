@@ -17,6 +17,11 @@ daemon is draining, for the rest of its life:
    refused it (its client's move puts it back where it was: never lost);
 4. how many sessions it still holds is published at once and at every scan
    (:meth:`publish`), so the command waits for 0 reading shared memory alone.
+   A session it told to move that its client exported counts as held for
+   :data:`AWAY_GRACE_S` more while that client is connected: the move may yet
+   be refused everywhere and the session come back here (step 3), and a count
+   that read 0 in between would let ``rte drain --stop`` stop the daemon
+   under it. A drain therefore ends at most that much after its last move.
 
 Each DRAIN is answered with a :class:`~rte.protocol.drain.DrainReport` naming the
 sessions still there and their clients (what the command prints on a timeout).
@@ -36,6 +41,7 @@ from rte.protocol.control import Control, Counter
 from rte.protocol.drain import Drain, DrainReport, Held
 
 log = logging.getLogger("rte.daemon")
+AWAY_GRACE_S = 1.0  # a told session exported by its client may come back this long after
 
 
 class Draining:
@@ -51,6 +57,8 @@ class Draining:
         self.out = out
         self.since_ns = 0  # time.time_ns() when it began; 0: not draining
         self._told: dict[str, Connection] = {}  # session -> the client told (once each)
+        self._away: dict[str, float] = {}  # told, not here now: since (monotonic)
+        self._landed: set[str] = set()  # told, away past the grace: not held
 
     @property
     def draining(self) -> bool:
@@ -91,12 +99,31 @@ class Draining:
         )
 
     def held(self) -> int:
-        """Sessions this daemon holds: attached (parked ones too) or being detached."""
-        return len(self.router.owners) + len(self.departures.orphans)
+        """Sessions this daemon holds: attached (parked ones too), being detached,
+        or told to move and out on their move (they may come back: see the module)."""
+        return len(self.router.owners) + len(self.departures.orphans) + len(self._away)
 
     def publish(self) -> None:
         """The sessions held, into the control block (for ``rte drain`` and inspect)."""
+        self._moving_out(time.monotonic())
         self.control.set_held(self.held())
+
+    def _moving_out(self, now: float) -> None:
+        """Which told sessions are out on a move that may still bring them back: not
+        here now, their client connected, gone for under :data:`AWAY_GRACE_S`."""
+        connected = self.departures.table.connections
+        for session, client in list(self._told.items()):
+            if self.router.owners.get(session) is client:
+                self._away.pop(session, None)  # here (again)
+                self._landed.discard(session)
+            elif session in self._landed:
+                continue
+            elif connected.get(client.index) is not client:
+                self._away.pop(session, None)  # its client left: it cannot come back
+                self._landed.add(session)
+            elif now - self._away.setdefault(session, now) >= AWAY_GRACE_S:
+                del self._away[session]  # it stayed away: it landed elsewhere
+                self._landed.add(session)
 
     def _tell(self) -> None:
         """Each session's client, once: its session is to move."""
@@ -111,6 +138,9 @@ class Draining:
             self.out.send(owner, Notice(session, NoticeKind.DRAINING, text))
 
     def _listed(self) -> tuple[Held, ...]:
-        """The sessions held, each with its client (orphans: none)."""
+        """The sessions held, each with its client (orphans: none; out on a move:
+        the client moving it)."""
         owned = [Held(s, c.index, c.pid) for s, c in sorted(self.router.owners.items())]
-        return tuple(owned) + tuple(Held(s, -1, 0) for s in sorted(self.departures.orphans))
+        away = [Held(s, self._told[s].index, self._told[s].pid, True) for s in sorted(self._away)]
+        orphans = [Held(s, -1, 0) for s in sorted(self.departures.orphans)]
+        return tuple(owned + away + orphans)

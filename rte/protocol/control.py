@@ -288,8 +288,9 @@ class Control:
 
     @property
     def held(self) -> int:
-        """Sessions the daemon holds: attached, parked or being detached (written by
-        the serve thread every scan, and at once while draining)."""
+        """Sessions the daemon holds: attached, parked, being detached or (draining)
+        out on a move that may bring them back (written by the serve thread every
+        scan, and at once while draining)."""
         return self._word(_HELD).load()
 
     def set_held(self, sessions: int) -> None:

@@ -38,15 +38,19 @@ class Drain:
 @dataclass(frozen=True)
 class Held:
     """A session still on a draining daemon: its client's slot and pid (-1 and 0:
-    its client left, the daemon is detaching it)."""
+    its client left, the daemon is detaching it); ``moving``: its client exported
+    it a moment ago, and it may yet come back (its move refused everywhere)."""
 
     session: str
     client: int
     pid: int
+    moving: bool = False
 
     def __str__(self) -> str:
         if self.client < 0:
             return f"{self.session!r} (its client left: being detached)"
+        if self.moving:
+            return f"{self.session!r} (being moved by client {self.client}, pid {self.pid})"
         return f"{self.session!r} (client {self.client}, pid {self.pid})"
 
 
@@ -71,7 +75,7 @@ class DrainReport:
         listed: list[list[object]] = []
         used = 0
         for h in self.sessions:
-            entry: list[object] = [h.session, h.client, h.pid]
+            entry: list[object] = [h.session, h.client, h.pid, *([1] if h.moving else [])]
             used += len(json.dumps(entry)) + 1
             if used > budget:
                 break
@@ -84,7 +88,10 @@ class DrainReport:
         """A report from its message; WireError for a message that is not one."""
         try:
             raw = json.loads(text)
-            sessions = tuple(Held(str(s), int(c), int(p)) for s, c, p in raw["sessions"])
+            sessions = tuple(
+                Held(str(s), int(c), int(p), bool(moving and moving[0]))
+                for s, c, p, *moving in raw["sessions"]
+            )
             return cls(bool(raw["already"]), float(raw["since_s"]), int(raw["held"]), sessions)
         except (ValueError, KeyError, TypeError) as exc:
             raise WireError(f"a DRAINING answer that is not a drain report: {text!r:.80}") from exc
