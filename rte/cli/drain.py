@@ -16,6 +16,8 @@ The command waits, reading the daemon's control block alone, until the
 daemon holds no session, or the timeout: then it exits 1 naming the sessions
 still there and their clients (one a plain client holds stays until its
 client detaches it). Draining a daemon that drains already is the same wait.
+The timeout holds against a daemon that stopped answering (SIGSTOP, a
+step that never ends): the command then says so, with its heartbeat's age.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from rte.protocol.drain import Drain, DrainReport
 from rte.protocol.wire import encode_request
 from shm import ShmError, is_alive
 
-ANSWER_TIMEOUT_S = 5.0  # the daemon answers a DRAIN at its next turn
+ANSWER_TIMEOUT_S = 5.0  # the daemon answers a DRAIN at its next turn (within --timeout)
+LIST_TIMEOUT_S = 1.0  # past the timeout: the most the names of what stays are waited for
 WATCH_EVERY_S = 0.05  # how often the sessions it holds are read while waiting
 STOP_TIMEOUT_S = 30.0  # a stopped daemon's grace to finalize and exit
 
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     began = time.monotonic()
     try:
         pid, start = transport.control.segment.creator_pid, transport.control.segment.creator_start
-        report = _ask(transport, 1)
+        report = _ask(transport, 1, min(ANSWER_TIMEOUT_S, args.timeout))
         if report.already:
             wait = f"waiting for its {_sessions(report.held)}" if report.held else "it is empty"
             print(f"{name} is draining already (for {report.since_s:.1f} s): {wait}")
@@ -95,7 +98,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"draining {name}: {_sessions(report.held)} to move, no new session taken")
         left = _wait_empty(transport, began + args.timeout)
         if left:
-            final = _ask(transport, 2)
+            try:
+                final = _ask(transport, 2, LIST_TIMEOUT_S)
+            except RequestTimeout:  # frozen meanwhile: the count alone
+                raise DrainTimeout(
+                    f"{name}: {_sessions(left)} still there after {args.timeout:g} s, and it "
+                    f"did not answer for their names ({_heartbeat(transport)}); it takes no "
+                    "new session"
+                ) from None
             raise DrainTimeout(
                 f"{name}: {_sessions(final.held)} still there after {args.timeout:g} s: "
                 f"{final.listing()}; their clients did not move them (a plain client "
@@ -113,13 +123,20 @@ def _sessions(n: int) -> str:
     return f"{n} session{'' if n == 1 else 's'}"
 
 
-def _ask(transport: ShmTransport, seq: int) -> DrainReport:
-    """Send DRAIN numbered ``seq``; the daemon's report. RequestTimeout without one."""
+def _heartbeat(transport: ShmTransport) -> str:
+    """How long ago the daemon last beat, for a message about its silence."""
+    age = transport.control.heartbeat_age_s
+    return f"its heartbeat is {age:.1f} s old: stopped (SIGSTOP) or stuck in a step?"
+
+
+def _ask(transport: ShmTransport, seq: int, timeout: float) -> DrainReport:
+    """Send DRAIN numbered ``seq``; the daemon's report within ``timeout`` seconds.
+    RequestTimeout without one, saying how long the daemon has been silent."""
+    deadline = time.monotonic() + timeout
     try:
-        transport.inbox.push(encode_request(Drain(seq)), ANSWER_TIMEOUT_S, transport.slot.check)
+        transport.inbox.push(encode_request(Drain(seq)), timeout, transport.slot.check)
     except ShmError as exc:
         raise meaning(exc, f"asking {transport.name!r} to drain") from None
-    deadline = time.monotonic() + ANSWER_TIMEOUT_S
     while True:
         for item in transport.receive(_nothing):
             if isinstance(item, Notice) and item.seq == seq:
@@ -128,7 +145,11 @@ def _ask(transport: ShmTransport, seq: int) -> DrainReport:
                 return DrainReport.from_message(item.message)
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RequestTimeout(f"{transport.name!r} did not answer in {ANSWER_TIMEOUT_S} s")
+            raise RequestTimeout(
+                f"{transport.name!r} did not answer DRAIN in {timeout:g} s "
+                f"({_heartbeat(transport)}); if it runs again it may still drain "
+                f"(rte inspect {transport.name} shows it)"
+            )
         transport.wait(min(left, WATCH_EVERY_S))
 
 
