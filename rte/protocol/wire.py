@@ -205,7 +205,12 @@ def decode_request(record: bytes) -> Request | Bye | Drain:
         return Resume(session, seq)
     if kind is RecordType.BYE:
         return Bye()
-    if kind is RecordType.DRAIN:
+    if kind is RecordType.DRAIN:  # drains the daemon for good: only as encode_request makes it
+        if session or code or HEADER.unpack_from(record)[4]:
+            raise WireError(
+                "a DRAIN record carries no session, code or handle (a garbled record?): "
+                "not draining; send it as encode_request(Drain(seq)) makes it"
+            )
         return Drain(seq)
     raise WireError(f"a client cannot send {kind.name} records")
 
