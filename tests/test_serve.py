@@ -180,9 +180,11 @@ def test_host_state_is_what_the_loop_keeps_beside_the_engine() -> None:
     loop.handle(Attach("a", priority=2))
     loop.handle(Act("a", Action({"move": (1, 0)}), seq=4))
     loop.handle(Act("a", Action({"move": (0, 1)}), seq=5))  # merged: the later one wins
-    assert loop.host_state("a") == {"priority": 2, "actions": {"move": (0, 1)}, "act_seq": 5}
-    loop.step()  # its step takes them
-    assert loop.host_state("a") == {"priority": 2, "actions": {}, "act_seq": 0}
+    held = {"priority": 2, "actions": {"move": (0, 1)}, "act_seq": 5, "applied": 0, "marks": []}
+    assert loop.host_state("a") == held
+    loop.step()  # its step takes them (its receipt: from chunk 0, generated in flight)
+    held = {"priority": 2, "actions": {}, "act_seq": 0, "applied": 0, "marks": [[0, 5]]}
+    assert loop.host_state("a") == held
     with pytest.raises(UnknownSessionError):
         loop.host_state("b")
     engine.close()
