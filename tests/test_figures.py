@@ -94,3 +94,77 @@ def test_a_reader_cannot_write() -> None:
     reader = SessionFigures(buffer, 2, P, readonly=True)
     with pytest.raises(ValueError, match="read-only"):
         reader.words[0, 0] = 1
+
+
+def _counted_one_step_at_a_time(
+    f: SessionFigures, handles: np.ndarray, now_ns: int, applied: list[int] | None
+) -> None:
+    """The reference: one step's update, counted at once (the figures before they
+    were kept and counted together)."""
+    w = f.words
+    last = w[handles, 3]  # LAST_NS
+    first = last == 0
+    gaps = np.where(first, 0, now_ns - last)
+    w[handles, 5] += gaps <= f._late_ns  # ON_TIME
+    w[handles, 6] = np.maximum(w[handles, 6], gaps)  # LONGEST_GAP_NS
+    w[handles, 3] = now_ns
+    w[handles, 4] += 1  # CHUNKS
+    w[handles[first], 2] = now_ns  # FIRST_NS
+    if (~first).any():
+        np.add.at(f.gaps, (handles[~first], _buckets(gaps[~first])), 1)
+    if applied is not None:
+        seqs = np.asarray(applied, np.int64)
+        pending = w[handles, 8]
+        done = (pending > 0) & (seqs >= pending)
+        which = handles[done]
+        np.add.at(f.photons, (which, _buckets(now_ns - w[which, 9])), 1)
+        w[which, 10] += 1
+        w[which, 8] = 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_steps_counted_together_are_the_figures_of_one_update_per_step(seed: int) -> None:
+    """Kept steps counted in one flush (whatever they hold: repeated handles, first
+    chunks, receipts, actions between them) give exactly the per-step figures."""
+    rng = np.random.default_rng(seed)
+    kept, reference = _figures(16), _figures(16)
+    now, seq = T0, 0
+    for f in (kept, reference):
+        for h in range(12):
+            f.bound(h, f"s{h}", T0)
+    for _ in range(300):
+        now += int(rng.integers(1, 3 * P))
+        handles = np.sort(rng.choice(12, size=int(rng.integers(1, 12)), replace=False))
+        applied = (
+            None if rng.random() < 0.3 else [int(v) for v in rng.integers(0, seq + 2, len(handles))]
+        )
+        kept.emitted(handles, now, applied)
+        _counted_one_step_at_a_time(reference, handles, now, applied)
+        if rng.random() < 0.2:  # an action between steps: it is counted in order
+            seq += 1
+            h = int(rng.integers(0, 12))
+            kept.acted(h, seq, now + 1)
+            reference.words[h, 8:10] = (
+                (seq, now + 1) if reference.words[h, 8] == 0 else reference.words[h, 8:10]
+            )
+    kept.flush()
+    assert kept.photons.sum() > 0 and kept.gaps.sum() > 1000  # (it counted both)
+    assert np.array_equal(kept.words, reference.words)
+    assert np.array_equal(kept.gaps, reference.gaps)
+    assert np.array_equal(kept.photons, reference.photons)
+
+
+def test_kept_steps_are_counted_before_anything_reads_or_rebinds() -> None:
+    f = _figures()
+    f.bound(0, "a", T0)
+    f.emitted(np.array([0]), T0)
+    f.emitted(np.array([0]), T0 + P)
+    assert f.session(0, T0 + P)["chunks"] == 2  # a read counts what is kept
+    f.emitted(np.array([0]), T0 + 2 * P)
+    f.bound(0, "b", T0 + 3 * P)  # a new session on the handle: the old one's are its own
+    assert f.session(0, T0 + 3 * P)["chunks"] == 0
+    f.emitted(np.array([0]), T0 + 4 * P)
+    f.flush_stale(T0 + 4 * P + 1)  # kept for 1 ns: not yet
+    assert int(f.words[0, 4]) == 0
+    f.flush_stale(T0 + 4 * P + 20_000_000)
+    assert int(f.words[0, 4]) == 1

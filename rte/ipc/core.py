@@ -174,6 +174,7 @@ class DaemonCore:
                 stepped = self.turn()
                 self.loop.end_turn()
                 if pacer is not None:
+                    self._count_figures()  # (the tick's wait is idle time)
                     pacer.wait(lambda nap: self._nap(stopping, nap))
                 elif not stepped:
                     self._idle_wait()
@@ -190,6 +191,7 @@ class DaemonCore:
             self._next_beat = now + BEAT_EVERY_S
             self.control.beat()
             self._count_steps()
+            self._count_figures(time.monotonic_ns())
         claims = self.control.claims
         if now >= self._next_scan or claims != self._claims:
             self._claims, self._next_scan = claims, now + SCAN_EVERY_S
@@ -252,6 +254,16 @@ class DaemonCore:
                 connection.figures.parked(mine)
                 (self._parked_shown.add if mine else self._parked_shown.discard)(connection.index)
 
+    def _count_figures(self, now_ns: int = 0) -> None:
+        """Count the steps each client's figures keep (those kept longer than
+        ``FLUSH_NS`` only, given ``now_ns``): rte.ipc.figures counts them together."""
+        for connection in self.table.connections.values():
+            if connection.figures is not None:
+                if now_ns:
+                    connection.figures.flush_stale(now_ns)
+                else:
+                    connection.figures.flush()
+
     def _count_steps(self) -> None:
         """Add the steps and chunks since the last call to the daemon's counters."""
         if self._steps:
@@ -267,6 +279,7 @@ class DaemonCore:
     def finish(self) -> None:
         """Finalize every session (in-flight chunks go out where they fit), close the engine."""
         self._count_steps()
+        self._count_figures()
         publish_realtime(self.control, self.loop, self.settings.pace_hz)
         if self.failure is not None:  # clients' EngineGone says it
             self.control.set_reason(f"{type(self.failure).__name__}: {self.failure}")
@@ -305,13 +318,19 @@ class DaemonCore:
             self._woken,
             policy=policy,
             spin_us=self.spin.budget_ns() / 1000,
-            before_sleep=self.table.starve,  # their next release rings; _woken re-checks
+            before_sleep=self._before_sleep,
             tally=self.tally,
         )
         if attached:
             self.spin.observe(time.monotonic_ns() - began, woken)
         for connection in connections:  # awake now: a release need not ring
             connection.block.feed()
+
+    def _before_sleep(self) -> None:
+        """The idle wait is about to sleep: the clients' next releases ring (_woken
+        re-checks), and the figures kept are counted (an inspector sees them now)."""
+        self.table.starve()
+        self._count_figures()
 
     def _nap(self, stopping: threading.Event, seconds: float) -> bool:
         """The paced wait's sleep (see :meth:`rte.realtime.Pacer.wait`): sleep, then
