@@ -53,9 +53,12 @@ import numpy as np
 import rte
 from rte.contract import Manifest
 from rte.errors import RteError
+from rte.protocol.wire import MAX_PRIORITY
 
 TRACE_FORMAT = "rte-trace"
 TRACE_VERSION = 1
+MAX_CHUNK_GAP = 4096  # a chunk index further past the one before is a garbled trace's
+MAX_TRACE_ROWS = 4096  # a header's max_sessions past this is a garbled trace's
 
 
 class TraceError(RteError, ValueError):
@@ -271,20 +274,24 @@ class _Reader:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise self.fail(f"not JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise self.fail("JSON nested too deep for a trace") from None
         if not isinstance(record, dict):
             raise self.fail(f"a JSON {type(record).__name__}, not an object with a 'kind'")
-        kind = record.get("kind")
+        kind = _shown(record.get("kind"))
         if self.ended:
-            raise self.fail(f"a {kind!r} line after the trace's end line")
+            raise self.fail(f"a {kind} line after the trace's end line")
         if self.header is None:
             self._header(record)
             return
         try:
-            self._record(kind, record)
+            self._record(record.get("kind"), record)
         except TraceError as exc:
             raise self.fail(str(exc)) from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self.fail(f"a {kind!r} line with a field missing or wrong ({exc!r})") from None
+        except RecursionError:
+            raise self.fail(f"a {kind} line nested too deep for a trace") from None
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise self.fail(f"a {kind} line with a field missing or wrong ({exc!r:.200})") from None
 
     def _header(self, record: dict[str, Any]) -> None:
         if record.get("kind") != "header" or record.get("format") != TRACE_FORMAT:
@@ -303,6 +310,9 @@ class _Reader:
         for key in ("shape", "dtype", "max_sessions", "pipeline_depth_chunks"):
             if key not in manifest:
                 raise self.fail(f"a header whose manifest has no {key!r}")
+        wrong = _wrong_header(record, manifest, model)
+        if wrong:
+            raise self.fail(f"a header whose {wrong}")
         self.header = record
 
     def _record(self, kind: Any, record: dict[str, Any]) -> None:
@@ -313,13 +323,13 @@ class _Reader:
             cond = decode_value(record["conditioning"])
             if not isinstance(cond, dict) or not isinstance(record["session"], str):
                 raise TraceError("an attach line needs a session and a conditioning object")
-            self.trace = Trace(
-                self.header,
-                record["session"],
-                cond,
-                int(record["credits"]),
-                int(record["priority"]),
-            )
+            credits, priority = record["credits"], record["priority"]
+            if not _whole(credits, 0, 1 << 62) or not _whole(priority, 0, MAX_PRIORITY):
+                raise TraceError(
+                    f"an attach line's credits (a count) or priority (0 to {MAX_PRIORITY}) "
+                    f"out of range: {_shown(credits)}, {_shown(priority)}"
+                )
+            self.trace = Trace(self.header, record["session"], cond, credits, priority)
             return
         trace = self.trace
         if trace is None:
@@ -331,27 +341,70 @@ class _Reader:
                 raise TraceError("an act line's conditioning must be an object")
             if chunk is not None and (not isinstance(chunk, int) or chunk < 0):
                 raise TraceError(f"an act line's chunk must be an index or null, not {chunk!r}")
-            trace.acts.append(
-                ActRecord(int(record["seq"]), cond, chunk, float(record["t"]), refused)
-            )
+            trace.acts.append(ActRecord(int(record["seq"]), cond, chunk, _t(record), refused))
         elif kind == "chunk":
             index, digest = record["index"], record["blake2b"]
             if not isinstance(index, int) or index < 0 or not isinstance(digest, str):
                 raise TraceError("a chunk line needs an index and a blake2b hash")
-            if trace.chunks and index <= trace.chunks[-1].index:
-                raise TraceError(f"chunk {index} after chunk {trace.chunks[-1].index}")
-            trace.chunks.append(
-                ChunkRecord(index, digest, int(record["applied"]), float(record["t"]))
-            )
+            before = trace.chunks[-1].index if trace.chunks else -1
+            if index <= before:
+                raise TraceError(f"chunk {index} after chunk {before}")
+            if index - before > MAX_CHUNK_GAP:  # a replay would make every chunk between
+                raise TraceError(
+                    f"chunk {index} after chunk {before}: a gap of {index - before - 1} "
+                    f"chunks, more than a recorder leaves ({MAX_CHUNK_GAP}): a garbled index"
+                )
+            trace.chunks.append(ChunkRecord(index, digest, int(record["applied"]), _t(record)))
         elif kind == "end":
-            trace.seconds = float(record["seconds"])
+            trace.seconds = _t(record, "seconds")
             self.ended = True
         else:
             raise TraceError(
-                f"a line of kind {kind!r} (a trace has header, attach, act, chunk, end)"
+                f"a line of kind {_shown(kind)} (a trace has header, attach, act, chunk, end)"
             )
 
     def finish(self) -> Trace:
         if self.trace is None:
             raise TraceError(f"{self.path}: a header and no attach line: no session to replay")
         return self.trace
+
+
+def _shown(value: Any) -> str:
+    """A value of a trace's line as a message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:36]}...{text[-1]}"
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _t(record: dict[str, Any], key: str = "t") -> float:
+    """A line's seconds: a finite number (ValueError else)."""
+    value = float(record[key])
+    if not math.isfinite(value):
+        raise ValueError(f"{key} is {value}, not a number of seconds")
+    return value
+
+
+def _wrong_header(record: dict[str, Any], manifest: dict[str, Any], model: dict[str, Any]) -> str:
+    """What is wrong in a header's fields, as :func:`header_of` writes them ("": none)."""
+    shape, rows, depth = (
+        manifest["shape"],
+        manifest["max_sessions"],
+        manifest["pipeline_depth_chunks"],
+    )
+    checks = (
+        (isinstance(model["name"], str), "model name", model["name"]),
+        (isinstance(model.get("identity"), dict | None), "model identity", model.get("identity")),
+        (isinstance(record.get("device"), str | None), "device", record.get("device")),
+        (isinstance(record.get("heavy_keys"), list | None), "heavy_keys", record.get("heavy_keys")),
+        (isinstance(manifest["dtype"], str), "dtype", manifest["dtype"]),
+        (isinstance(shape, list) and all(_whole(n, 0, 1 << 31) for n in shape), "shape", shape),
+        (_whole(rows, 1, MAX_TRACE_ROWS), f"max_sessions (1 to {MAX_TRACE_ROWS})", rows),
+        (_whole(depth, 1, 64), "pipeline_depth_chunks (1 to 64)", depth),
+    )
+    for fine, what, value in checks:
+        if not fine:
+            return f"{what} is not one ({_shown(value)})"
+    return ""
