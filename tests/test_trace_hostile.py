@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import DaemonProcess
 
 from rte.cli import main
 from rte.client import connect
@@ -161,3 +162,21 @@ def test_trace_files_never_replace_a_file_and_take_any_session_name(tmp_path: Pa
         finally:
             engine.close()
     assert sessions == set(names)
+
+
+def test_rte_record_to_a_full_disk_fails_saying_the_trace_is_cut(
+    shm_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rte record``'s one job is its trace: when it cannot be written (ENOSPC, a
+    real device that fails every write) the command exits 1 saying so, rather
+    than "recorded 5 chunks ... to /dev/full" and 0 with nothing on disk."""
+    daemon = DaemonProcess(shm_prefix, "--model", "reference", "--max-sessions", "2")
+    try:
+        daemon.wait_ready(60)
+        args = ["record", "--name", shm_prefix, "--session", "s", "--chunks", "5"]
+        assert main([*args, "--out", "/dev/full"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("rte record: the trace of 's' to /dev/full stopped after"), err
+        assert "No space left" in err and "\n" not in err, err
+    finally:
+        assert daemon.stop() == 0, daemon.stderr

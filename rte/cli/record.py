@@ -105,6 +105,12 @@ def record(args: argparse.Namespace) -> int:
         recorder.detach(session)
         notices = recorder.notices()
         refused = [n.message for n in notices if n.kind is NoticeKind.ERROR]
+        trace = recorder.recording
+    if trace is not None and trace.error is not None:  # the stream went on; the trace did not
+        raise RteError(
+            f"the trace of {session!r} to {out} stopped after {trace.chunks} of {taken} chunks "
+            f"({trace.error}): it is cut short; record again to a disk with room"
+        )
     print(f"recorded {taken} chunks of {session!r} from {args.name!r} to {out} ({acted} actions)")
     for message in refused:
         print(f"refused: {message}")
