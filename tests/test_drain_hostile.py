@@ -87,6 +87,8 @@ def test_a_session_whose_move_keeps_bouncing_back_is_never_reported_drained(
             notices: list[Notice] = []
             while drain.poll() is None:
                 limit.check()
+                if summary(drained.name)["draining_s"] is not None:  # (what rte inspect shows)
+                    assert summary(drained.name)["held"] == 1
                 notices += client.notices()  # (its moves are tried here, and at poll)
                 chunk = client.poll(timeout=0.05)
                 if chunk is not None:

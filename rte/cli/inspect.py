@@ -164,10 +164,12 @@ def fit(text: str, width: int) -> str:
 
 
 def _draining(row: dict[str, Any]) -> str:
-    """`` for 3.2s, 2 sessions left`` while it drains (rte drain), else ""."""
+    """`` for 3.2s, 2 sessions left`` while it drains (rte drain), else "": the
+    sessions it holds, as rte drain counts them (out on a move too)."""
     if row.get("draining_s") is None:
         return ""
-    return f" for {_age(row['draining_s'])} (no new session), {row.get('sessions')} left"
+    left = row.get("held", row.get("sessions"))
+    return f" for {_age(row['draining_s'])} (no new session), {left} left"
 
 
 def _age(seconds: float | None) -> str:
