@@ -46,7 +46,7 @@ import numpy as np
 from rte.client.batch import ChunkBatch
 from rte.client.shm import ShmTransport
 from rte.contract import Manifest, Notice, NoticeKind
-from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError
+from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, StateError
 from rte.protocol.inputs import with_conditioning
 from rte.protocol.requests import STATE_KEY, Attach, Export, Request
 
@@ -156,9 +156,17 @@ class Relay:
             self._poke()
 
     async def _fetched(self, request: Attach) -> Attach:
-        """``request`` with its state's bytes, fetched from the object store."""
+        """``request`` with its state's bytes, fetched from the object store;
+        StateError (the caller's attach answered with it) when they are lost."""
         stored: StoredState = request.conditioning[STATE_KEY]
-        data = await stored.ref
+        try:
+            data = await stored.ref
+        except Exception as exc:  # (Ray's: the owner died, the object lost, ...)
+            raise StateError(
+                f"the state of {request.session!r} moving in could not be fetched from "
+                f"Ray's object store ({type(exc).__name__}): the caller that put it, or its "
+                "node, is gone; attach it again with its state"
+            ) from None
         self.counts["states_in"] += 1
         return with_conditioning(request, {**request.conditioning, STATE_KEY: data})
 
