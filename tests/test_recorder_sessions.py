@@ -47,6 +47,7 @@ def test_each_session_its_own_trace_a_reset_the_next_and_a_full_disk_its_own(
         return FULL if session == "bob" else tmp_path / f"{session}-{lives[session]}.jsonl"
 
     taken: dict[str, list[int]] = {"ann": [], "bob": [], "cy": []}
+    life2: list[int] = []  # ann's chunks after its reset
     with connect(model="world", max_sessions=3) as client, Recorder(client, where) as rec:
         for name in taken:
             rec.attach(name, {"prompt": "snow"}, credits=1)
@@ -59,7 +60,9 @@ def test_each_session_its_own_trace_a_reset_the_next_and_a_full_disk_its_own(
             if chunk.session == "ann" and chunk.chunk == 8 and not reset:
                 rec.reset("ann")  # its trace ends; its next life's begins
                 reset = True
-            if reset and len(taken["ann"]) > 9 + 8:
+            if reset and chunk.session == "ann" and (life2 or chunk.chunk == 0):
+                life2.append(chunk.chunk)  # (the first life's last may come after the reset)
+            if len(life2) >= 8:
                 break
         bob = rec.end("bob")
         rec.detach("ann")
@@ -76,6 +79,7 @@ def test_each_session_its_own_trace_a_reset_the_next_and_a_full_disk_its_own(
     assert second.conditioning == {"prompt": "snow", "move": first.acts[-1].conditioning["move"]}
     assert any(a.chunk is not None for a in second.acts)
     assert result.identical and result.chunks == len(second.chunks) >= 8
+    assert [c.index for c in second.chunks] == life2 == list(range(len(life2)))
 
 
 def test_a_recorder_of_one_file_refuses_a_reset_of_its_session(tmp_path: Path) -> None:
