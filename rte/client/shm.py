@@ -106,7 +106,7 @@ class ShmTransport(Transport):
         self._shape = self.manifest.latent_shape
         self._paced_wait = policy == WaitPolicy.SPIN_THEN_BLOCK.value
         self._attached = 0  # sessions bound now: a paced wait only when some are
-        sessions = self.control.layout.max_sessions
+        sessions = self.control.layout.handles  # the sessions it may hold, parked included
         self._names: list[str | None] = [None] * sessions  # by handle, as ATTACHED said
         self._handle_of: dict[str, int] = {}
         self._tokens = [0] * sessions  # bindings of each handle so far

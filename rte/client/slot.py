@@ -88,7 +88,7 @@ class ClientSlot:
         """Claim a client slot, map its mailbox and empty it, and activate it
         (claiming again in the rare case the daemon took a slow claim for abandoned)."""
         me = psutil.Process()
-        sizes = (self.control.layout.ring_capacity, self.control.layout.max_sessions)
+        sizes = (self.control.layout.ring_capacity, self.control.layout.handles)
         while True:
             self.index, self.generation = self._claim(me.pid, me.create_time(), deadline)
             my_bell: Doorbell | FifoBell

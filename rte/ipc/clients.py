@@ -248,7 +248,7 @@ class ClientTable:
             claim.generation,
         )
         if self.figures is not None:  # a new client's figures start empty
-            handles = layout.max_sessions
+            handles = layout.handles
             each = figures.size(handles)
             mine = self.figures.bytes_at(HEADER_SIZE + index * each, each)
             connection.figures = SessionFigures(mine, handles, self.period_ns)

@@ -2,13 +2,15 @@
 
 A daemon makes three kinds of segment: the slab its chunks are written into,
 the control segment (its table, claims, mailboxes and every client's ring
-pair) and, when it takes inputs by slot, one input segment per client. Their
-sizes follow from the :class:`~rte.ipc.settings.Settings` and the model's
-chunk size alone, so :func:`check_memory` can refuse, once the model is loaded
-and before anything is created, settings whose segments ``/dev/shm`` has no
-room for, naming the options that shrink the largest one. (Creating a segment
-past the free space fails too, each being fully backed, but only for that one,
-after others were made, and without saying which option to lower.)
+pair, with the session figures: both sized by each client's session handles,
+``--sessions-per-client``) and, when it takes inputs by slot, one input
+segment per client. Their sizes follow from the
+:class:`~rte.ipc.settings.Settings` and the model's chunk size alone, so
+:func:`check_memory` can refuse, once the model is loaded and before anything
+is created, settings whose segments ``/dev/shm`` has no room for, naming the
+options that shrink the largest one. (Creating a segment past the free space
+fails too, each being fully backed, but only for that one, after others were
+made, and without saying which option to lower.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 from rte.errors import ConfigurationError
+from rte.ipc import figures
 from rte.protocol import inputs as input_slab
 from rte.protocol.control import Layout
 from shm import Slab
@@ -34,7 +37,9 @@ def segment_bytes(settings: Settings, chunk_bytes: int) -> dict[str, int]:
     slab = Slab.footprint(HEADER_SIZE, settings.slab_slot_count, chunk_bytes, n)
     sizes = {
         "slab": HEADER_SIZE + slab,
-        "control": Layout(n, settings.ring_capacity, settings.rows).shared_bytes,
+        "control": Layout(n, settings.ring_capacity, settings.handles).shared_bytes
+        + HEADER_SIZE
+        + n * figures.size(settings.handles),
     }
     share = settings.input_slab_slots // n
     if share:  # each client's share in a segment of its own
@@ -57,12 +62,14 @@ def check_memory(settings: Settings, chunk_bytes: int, free: int | None = None) 
     if total <= free:
         return
     largest = max(sizes, key=sizes.__getitem__)
-    engines = ", --engines" if settings.engines > 1 else ""
+    also = ", --engines" if settings.engines > 1 else ""
+    if settings.sessions_per_client is not None:
+        also += ", --sessions-per-client"
     fix = {
-        "slab": f"fewer --max-clients, --max-sessions{engines} "
+        "slab": f"fewer --max-clients, --max-sessions{also} "
         f"or --credits (the slab holds {settings.slab_slot_count:,} chunks of "
         f"{chunk_bytes:,} B: every client's sessions' credits)",
-        "control": "fewer --max-clients or a smaller --ring-kib",
+        "control": "fewer --max-clients, a smaller --ring-kib or fewer --sessions-per-client",
         "inputs": f"fewer --input-slots ({settings.input_slab_slots:,}) or a smaller "
         "--input-slot-kib (--input-slots 0: none)",
     }[largest]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Container
 
 from rte.contract import Notice, NoticeKind
 from rte.ipc.clients import ClientTable, Connection
@@ -108,15 +109,13 @@ class Intake:
             self.draining.begin(connection, message)
             return
         refusal = self.router.refuse(connection, message)
-        if isinstance(message, Attach) and refusal is None:
+        # no handle left: said before its credits are judged (they could not be bound)
+        no_handle = isinstance(message, Attach) and self._out_of_handles(connection, message)
+        if isinstance(message, Attach) and (refusal is None or no_handle):
             moved_in = STATE_KEY in message.conditioning
             rejected = self.draining.refusal(connection, message.session, moved_in)
-            if rejected is None and self._out_of_handles(connection, message.session):
-                rejected = (
-                    f"session {message.session!r} refused: this client holds "
-                    f"{len(connection.names)} sessions (some parked), one per handle of its "
-                    "mailbox (one per row); detach one, or attach it from another client"
-                )
+            if rejected is None and no_handle:
+                rejected = _no_handle(connection, message.session, self.loop.parking.parked)
             if rejected is not None:
                 notice = Notice(message.session, NoticeKind.REJECTED, rejected, message.seq)
                 self.out.send(connection, notice)
@@ -157,13 +156,18 @@ class Intake:
         self.out.deliver(answers, connection, credits)
         self.table.publish_sessions(connection)
 
-    def _out_of_handles(self, connection: Connection, session: str) -> bool:
-        """Whether an attach by ``connection`` would find no free session handle: only
-        possible while some of its sessions are parked (else the engine's rows refuse)."""
-        parked = self.loop.parking.parked
-        if session in connection.handles:  # attached already: the loop answers
+    def _out_of_handles(self, connection: Connection, attach: Attach) -> bool:
+        """Whether ``attach`` of a session no client holds would find no free session
+        handle of ``connection`` (its mailbox has ``--sessions-per-client``; parked
+        sessions keep theirs). One held already is the router's or the loop's; a
+        client whose sessions fill every row, none parked, hears that from the loop
+        (the rows are in use: an attach that waits asks again)."""
+        if attach.session in connection.handles or self.router.owner(attach.session):
             return False
-        return len(connection.handles) >= len(connection.names) and any(
+        if len(connection.handles) < len(connection.names):
+            return False
+        parked = self.loop.parking.parked
+        return len(connection.names) < self.control.manifest().max_sessions or any(
             s in parked for s in connection.handles
         )
 
@@ -188,6 +192,19 @@ class Intake:
             self.inputs.drop(message.session)
         if conditioning:
             self.inputs.taken(message.session, conditioning, samples)
+
+
+def _no_handle(connection: Connection, session: str, parked: Container[str]) -> str:
+    """Why ``session``'s attach is refused: ``connection`` holds a session on every
+    handle of its mailbox (``parked``: the loop's parked sessions, some maybe its)."""
+    held = len(connection.handles)
+    some = sum(1 for s in connection.handles if s in parked)
+    return (
+        f"session {session!r} refused: this client holds {held} sessions"
+        f"{f' ({some} parked)' if some else ''}, one per handle of its mailbox "
+        f"(--sessions-per-client {len(connection.names)}); detach one, attach it from "
+        "another client, or start the daemon with a larger --sessions-per-client"
+    )
 
 
 def _log_answers(connection: Connection, answers: list[OutboxItem]) -> None:

@@ -114,10 +114,15 @@ def serve(
             m = shared.control.manifest()  # what clients see: rows of every engine
             rows = f" (--engines {settings.engines} x --max-sessions {manifest.max_sessions})"
             pace = f"{settings.pace_hz:g}Hz" if settings.pace_hz else "unpaced"
+            handles = (
+                f" sessions_per_client={settings.handles}"
+                if settings.handles != m.max_sessions
+                else ""
+            )
             ready(
                 f"ready name={names.daemon} pid={os.getpid()} model={m.model} "
                 f"max_sessions={m.max_sessions}{rows if settings.engines > 1 else ''} "
-                f"pace={pace} max_clients={settings.max_clients} "
+                f"pace={pace} max_clients={settings.max_clients}{handles} "
                 f"lanes={core.engine.lanes.kind} device={core.engine.lanes.device} "
                 f"slab_pinned={pinned}{metrics}"
             )
@@ -254,14 +259,14 @@ def _running_message(names: DaemonNames) -> str:
 def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest) -> Shared:
     """Create every shared object, each undone by ``stack`` (last made, first gone)."""
     names, n = settings.names, settings.max_clients
-    layout = Layout(n, settings.ring_capacity, manifest.max_sessions)
+    layout = Layout(n, settings.ring_capacity, settings.handles)  # handles: per client
     segment = _owned(stack, Segment.create(names.control, layout.size, kind=KIND_CONTROL))
     claims = _owned(stack, Segment.create(names.claims, layout.claims_size, kind=KIND_CLAIMS))
     mailboxes = []  # each client slot's rings and credits, in a segment of its own
     for i in range(n):
         mine = Segment.create(names.mailbox(i), layout.mailbox_size, kind=KIND_MAILBOX)
         mailboxes.append(
-            Mailbox.create(_owned(stack, mine), settings.ring_capacity, manifest.max_sessions)
+            Mailbox.create(_owned(stack, mine), settings.ring_capacity, layout.handles)
         )
     control = Control.initialise(segment, layout, manifest, claims, mailboxes)
     slab_bytes = settings.segment_bytes(manifest.latent_nbytes)["slab"]  # as check_memory asked
@@ -274,7 +279,7 @@ def _create(stack: contextlib.ExitStack, settings: Settings, manifest: Manifest)
         max_owners=n,
         quota=settings.client_quota,
     )
-    figures_bytes = HEADER_SIZE + n * figures.size(manifest.max_sessions)
+    figures_bytes = HEADER_SIZE + n * figures.size(layout.handles)
     board = _owned(stack, Segment.create(names.figures, figures_bytes, kind=KIND_FIGURES))
     bell = _owned(stack, Doorbell(names.bell, create=True))
     client_bells = [_owned(stack, Doorbell(names.client_bell(i), create=True)) for i in range(n)]

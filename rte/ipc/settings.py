@@ -13,9 +13,15 @@ settings whose segments ``/dev/shm`` has no room for.
 
 The sizes left out follow from the others, so the defaults never throttle:
 
-- each client's **quota** is what one client driving every row needs: every
-  row's credits, plus one chunk per row in flight (a detached session's last
-  chunk, a pipelined engine's next one): ``rows x (credits + 1)``;
+- each client's **session handles** (``--sessions-per-client``) are the rows:
+  one client may hold as many sessions as the daemon has rows. More let one
+  client (a gateway serving many users) hold parked sessions past the rows;
+  each costs its credit words in every mailbox and its figures (a few KiB);
+- each client's **quota** is what one client driving every session it may hold
+  needs: every session's credits, plus one chunk per row in flight (a detached
+  session's last chunk, a pipelined engine's next one): ``rows x (credits + 1)``
+  by default, ``handles x credits + rows`` with more handles than rows (a parked
+  session's unreleased chunks still hold their slots);
 - the **slab** holds every client's quota (quotas never over-commit it, so a
   client that holds all its slots stalls only itself);
 - a **ring** carries the STEP record of every row a client may have stepped at
@@ -82,6 +88,13 @@ class Settings:
         "routed over them (for models that cannot batch)",
     )
     max_clients: int = setting(8, "client processes at once")
+    sessions_per_client: int | None = setting(
+        None,
+        "sessions one client may hold at once, parked ones included (default: the "
+        "rows, --max-sessions x --engines); more let one client, a gateway such as "
+        "rte play, hold parked sessions past the rows (with --park-idle-s or its "
+        "suspends), at the cost of a larger quota and slab",
+    )
     ring_kib: int | None = setting(
         None, "each client ring's size (default: a step of every row, at least 256)"
     )
@@ -157,6 +170,7 @@ class Settings:
             )
             raise ConfigurationError(f"{given}: at most {MAX_SESSIONS} rows in one daemon")
         _at_least("max-clients", self.max_clients, 1)
+        self._check_handles()
         if self.max_clients > MAX_CLIENTS:
             raise ConfigurationError(f"--max-clients {self.max_clients}: at most {MAX_CLIENTS}")
         if not 1 <= self.credits <= MAX_CREDITS:
@@ -199,6 +213,21 @@ class Settings:
                 f"--wait-policy {self.wait_policy!r}: one of {known}"
             ) from None
 
+    def _check_handles(self) -> None:
+        """Session handles: 1 to what the layout describes; past the rows only
+        where sessions can be parked (else a client never holds more)."""
+        if self.sessions_per_client is None:
+            return
+        _at_least("sessions-per-client", self.sessions_per_client, 1)
+        _at_most("sessions-per-client", self.sessions_per_client, MAX_SESSIONS)
+        if self.sessions_per_client > self.rows and self.park_bytes <= 0:
+            raise ConfigurationError(
+                f"--sessions-per-client {self.sessions_per_client} is more than the "
+                f"{self.rows} rows, but --park-bytes {self.park_bytes} parks no session, so "
+                "a client never holds more sessions than rows; give --park-bytes a budget, "
+                "or leave --sessions-per-client out (the rows)"
+            )
+
     def _check_slots(self) -> None:
         """The slab and the quotas: no client starves another, none is throttled."""
         if self.slab_slots is not None:
@@ -211,9 +240,9 @@ class Settings:
                 f"clients could starve each other; use --slab-slots {quota * n} "
                 "or fewer --max-clients"
             )
-        credits = self.rows * self.credits
+        credits = self.handles * self.credits
         if quota < credits:
-            need = chunks_to_drive(self.rows, self.credits)
+            need = self._chunks_to_drive
             given = [f"--quota {quota}"] if self.quota else []
             if self.slab_slots is not None:
                 given.append(f"--slab-slots {slots} for --max-clients {n}")
@@ -222,9 +251,9 @@ class Settings:
                 fix.append(f"--slab-slots {need * n}")
             raise ConfigurationError(
                 f"{' and '.join(given)} leaves one client {quota} slots, fewer than the "
-                f"{credits} chunks its sessions' credits hold (--max-sessions "
-                f"{self.max_sessions}{self._engines} x --credits {self.credits}): they would "
-                f"be throttled; use {' '.join(fix)} (or leave it out: derived)"
+                f"{credits} chunks its sessions' credits hold ({self._held_by} x --credits "
+                f"{self.credits}): they would be throttled; use {' '.join(fix)} (or leave "
+                "it out: derived)"
             )
         _at_most("slab-slots", slots, MAX_SLOTS)
 
@@ -247,6 +276,13 @@ class Settings:
         return f" x --engines {self.engines}" if self.engines > 1 else ""
 
     @property
+    def _held_by(self) -> str:
+        """What bounds one client's sessions, as the options say it."""
+        if self.sessions_per_client is not None:
+            return f"--sessions-per-client {self.sessions_per_client}"
+        return f"--max-sessions {self.max_sessions}{self._engines}"
+
+    @property
     def names(self) -> DaemonNames:
         return DaemonNames(self.name)
 
@@ -256,13 +292,26 @@ class Settings:
         return self.max_sessions * self.engines
 
     @property
+    def handles(self) -> int:
+        """Session handles of each client (its mailbox's): the sessions one client may
+        hold at once, parked ones included (``sessions_per_client``, or the rows)."""
+        return self.rows if self.sessions_per_client is None else self.sessions_per_client
+
+    @property
+    def _chunks_to_drive(self) -> int:
+        """Chunks one client holds at most: each of its sessions' credits, plus one
+        in flight per row its sessions may hold (``rows x (credits + 1)`` by default)."""
+        in_rows = min(self.handles, self.rows)
+        return chunks_to_drive(in_rows, self.credits) + (self.handles - in_rows) * self.credits
+
+    @property
     def client_quota(self) -> int:
         """Slab slots one client may hold (see ``quota``)."""
         if self.quota:
             return self.quota
         if self.slab_slots is not None:
             return self.slab_slots // self.max_clients
-        return chunks_to_drive(self.rows, self.credits)
+        return self._chunks_to_drive
 
     @property
     def slab_slot_count(self) -> int:
@@ -274,7 +323,7 @@ class Settings:
     @property
     def step_rows(self) -> int:
         """The most chunks one client receives from one step (one STEP record)."""
-        return min(self.rows, self.client_quota)
+        return min(self.rows, self.handles, self.client_quota)
 
     @property
     def ring_capacity(self) -> int:

@@ -2,7 +2,8 @@
 
     page 0          segment header (shm.Segment: magic, version, creator pid/start)
     page 1          daemon block: state, heartbeat, draining since, sessions held,
-                    settings, counters, manifest (JSON), next tick time (paced),
+                    settings (clients, ring bytes, session handles per client), counters,
+                    manifest (JSON), next tick time (paced),
                     delivery histogram (rte.protocol.latency)
     page 2          daemon block, continued: step-time histogram, both histograms' sums,
                     real time (capacity, pace, attached, reduced, cost model, ticks)
@@ -85,7 +86,7 @@ class Counter(enum.IntEnum):
 # daemon block word offsets (bytes from the block start)
 _STATE, _HEARTBEAT, _HEARTBEAT_NS, _NEXT_TICK = 0, 8, 16, 40
 _DRAINING_NS, _HELD = 24, 32  # since when it drains (time_ns; 0: it does not), sessions held
-_SETTINGS = 64  # max_clients, ring_capacity, max_sessions
+_SETTINGS = 64  # max_clients, ring_capacity, handles
 _COUNTERS = 128  # up to 48 counters, one word each
 _MANIFEST = 512
 _REASON, MAX_REASON = 2576, 236  # why the daemon stopped, when it failed (utf-8)
@@ -115,11 +116,17 @@ class RealTimeWord(enum.IntEnum):
 @dataclass(frozen=True)
 class Layout:
     """Where everything lies in the control segment, and how big the claims and
-    each mailbox are, from the settings alone."""
+    each mailbox are, from the settings alone.
+
+    ``handles``: the session handles of each client slot (the sessions one client
+    may hold at once, parked ones included: ``--sessions-per-client``, by default
+    the rows); its mailbox has a credit word for each, and a client sizes what it
+    keeps by handle from it. The rows are the manifest's ``max_sessions``.
+    """
 
     max_clients: int
     ring_capacity: int
-    max_sessions: int
+    handles: int
 
     @property
     def block(self) -> int:
@@ -142,7 +149,7 @@ class Layout:
     @property
     def mailbox_size(self) -> int:
         """One client slot's mailbox (:mod:`rte.protocol.mailbox`)."""
-        return page_align(Mailbox.size(self.ring_capacity, self.max_sessions))
+        return page_align(Mailbox.size(self.ring_capacity, self.handles))
 
     @property
     def shared_bytes(self) -> int:
@@ -189,16 +196,17 @@ class Control:
             state = self.state  # acquire: pairs with the release of READY in set_state
             if state is DaemonState.STARTING:
                 raise SegmentError(f"{self.segment.name}: the daemon is still starting")
-            max_clients, capacity, max_sessions = (
+            max_clients, capacity, handles = (
                 self._word(_SETTINGS + 8 * i).load() for i in range(3)
             )
             if not (
-                1 <= max_clients <= MAX_CLIENTS
-                and capacity >= 64
-                and 1 <= max_sessions <= MAX_SESSIONS
+                1 <= max_clients <= MAX_CLIENTS and capacity >= 64 and 1 <= handles <= MAX_SESSIONS
             ):
-                raise SegmentError(f"{self.segment.name}: corrupt settings ({max_clients} clients)")
-            layout = Layout(max_clients, capacity, max_sessions)
+                raise SegmentError(
+                    f"{self.segment.name}: corrupt settings ({max_clients} clients, "
+                    f"{handles} session handles each)"
+                )
+            layout = Layout(max_clients, capacity, handles)
             if layout.size > self.segment.size:
                 raise SegmentError(
                     f"{self.segment.name}: its settings ({max_clients} clients, rings of "
@@ -240,7 +248,7 @@ class Control:
         if len(raw) > MAX_MANIFEST:
             raise ValueError(f"manifest of {len(raw)} bytes does not fit in {MAX_MANIFEST}")
         struct.pack_into(
-            "<QQQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity, layout.max_sessions
+            "<QQQ", block, _SETTINGS, layout.max_clients, layout.ring_capacity, layout.handles
         )
         struct.pack_into("<I", block, _MANIFEST, len(raw))
         block[_MANIFEST + 4 : _MANIFEST + 4 + len(raw)] = raw

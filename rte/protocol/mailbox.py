@@ -47,8 +47,8 @@ class ClientBlock:
     - ``histogram``: pushed-to-taken delivery times (:mod:`rte.protocol.latency`).
     """
 
-    def __init__(self, segment: Segment, offset: int, max_sessions: int) -> None:
-        raw = segment.bytes_at(offset, 8 * (_CONSUMED + max_sessions))
+    def __init__(self, segment: Segment, offset: int, handles: int) -> None:
+        raw = segment.bytes_at(offset, 8 * (_CONSUMED + handles))
         words = raw.cast("Q")  # the client's per-chunk view: plain words, no NumPy call
         self.starved = segment.atomic(offset + 8 * _STARVED)
         self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
@@ -56,8 +56,8 @@ class ClientBlock:
         self.consumed = np.frombuffer(raw, dtype=np.uint64)[_CONSUMED:]  # the daemon reads
 
     @staticmethod
-    def size(max_sessions: int) -> int:
-        return 128 * -(-(8 * (_CONSUMED + max_sessions)) // 128)
+    def size(handles: int) -> int:
+        return 128 * -(-(8 * (_CONSUMED + handles)) // 128)
 
     def starve(self) -> None:
         """The daemon waits for this client (full barrier: then it re-checks credit)."""
@@ -72,10 +72,10 @@ class ClientBlock:
         self.starved.store(0)
 
 
-def _offsets(max_sessions: int) -> tuple[int, int]:
+def _offsets(handles: int) -> tuple[int, int]:
     """Where the credit block and the inbox lie."""
     block = HEADER_SIZE + _WORDS
-    return block, page_align(block + ClientBlock.size(max_sessions))
+    return block, page_align(block + ClientBlock.size(handles))
 
 
 class Mailbox:
@@ -83,54 +83,54 @@ class Mailbox:
     (the daemon) or :meth:`open` (the client and inspectors)."""
 
     def __init__(
-        self, segment: Segment, ring_capacity: int, max_sessions: int, rings: tuple[Ring, Ring]
+        self, segment: Segment, ring_capacity: int, handles: int, rings: tuple[Ring, Ring]
     ) -> None:
         self.segment = segment
         self.ring_capacity = ring_capacity
         self.inbox, self.outbox = rings
-        at, _ = _offsets(max_sessions)
-        self.block = ClientBlock(segment, at, max_sessions)
-        self._credits = segment.bytes_at(at, ClientBlock.size(max_sessions))
+        at, _ = _offsets(handles)
+        self.block = ClientBlock(segment, at, handles)
+        self._credits = segment.bytes_at(at, ClientBlock.size(handles))
         self._last_pop = segment.atomic(HEADER_SIZE + _LAST_POP)
         self._leaving = segment.atomic(HEADER_SIZE + _LEAVING)
 
     @staticmethod
-    def size(ring_capacity: int, max_sessions: int) -> int:
+    def size(ring_capacity: int, handles: int) -> int:
         """The bytes of one mailbox segment, header included."""
-        _, inbox = _offsets(max_sessions)
+        _, inbox = _offsets(handles)
         return inbox + 2 * Ring.footprint(ring_capacity)
 
     @classmethod
-    def create(cls, segment: Segment, ring_capacity: int, max_sessions: int) -> Mailbox:
+    def create(cls, segment: Segment, ring_capacity: int, handles: int) -> Mailbox:
         """Lay out a new mailbox in ``segment`` (the daemon, at start; its rings
         then keep the geometry they were made with)."""
-        _, inbox = _offsets(max_sessions)
+        _, inbox = _offsets(handles)
         rings = (
             Ring.create(segment, inbox, ring_capacity, policy="spin"),
             Ring.create(
                 segment, inbox + Ring.footprint(ring_capacity), ring_capacity, policy="spin"
             ),
         )
-        return cls(segment, ring_capacity, max_sessions, rings)
+        return cls(segment, ring_capacity, handles, rings)
 
     @classmethod
     def open(
         cls,
         segment: Segment,
         ring_capacity: int,
-        max_sessions: int,
+        handles: int,
         *,
         fresh: bool = False,
         **outbox: Any,
     ) -> Mailbox:
         """The mailbox in ``segment``, laid out for ``ring_capacity`` and
-        ``max_sessions`` (the control segment says: the daemon's settings).
+        ``handles`` (the control segment says: the daemon's settings).
         ``inbox_bell`` rings the daemon; the rest (``doorbell``, ``policy``,
         ``spin_us``) is how the outbox is waited on. A ring whose header does not
         say ``ring_capacity`` is refused (LayoutError), unless ``fresh``: a claimer,
         whose slot it is alone until it activates, lays the whole mailbox out anew
         from those settings (:meth:`clear`), whatever a previous holder left there."""
-        _, inbox = _offsets(max_sessions)
+        _, inbox = _offsets(handles)
         bell = outbox.pop("inbox_bell", None)
         at = (inbox, inbox + Ring.footprint(ring_capacity))
         if fresh:
@@ -143,7 +143,7 @@ class Mailbox:
                 Ring(segment, at[0], doorbell=bell, policy="spin", expected=ring_capacity),
                 Ring(segment, at[1], expected=ring_capacity, **{"policy": "spin", **outbox}),
             )
-        mailbox = cls(segment, ring_capacity, max_sessions, rings)
+        mailbox = cls(segment, ring_capacity, handles, rings)
         if fresh:
             mailbox.clear(time.monotonic_ns())
         return mailbox
