@@ -70,27 +70,40 @@ class Word:
 
 class Counts:
     """A row of shared ``uint64`` counters (``words``, a writable ``'Q'``
-    memoryview of a segment, which it holds) that this side adds ones to."""
+    memoryview of a segment, which it holds) that this side adds ones to.
 
-    __slots__ = ("_n", "_p", "words")
+    It holds no C pointer between calls: each call takes the view's buffer for
+    its own length and gives it back. A pointer kept (a ``from_buffer`` held
+    for life) was an export of the view that the cycle collector could not
+    clear: a transport's objects collected in a cycle freed the view under it
+    and the process died of SIGSEGV (tests/test_credit_counts.py)."""
+
+    __slots__ = ("_n", "words")
 
     def __init__(self, words: memoryview) -> None:
         if words.format != "Q" or words.readonly:
             raise ValueError("Counts needs a writable memoryview of uint64 words ('Q')")
         self.words = words
         self._n = len(words)
-        self._p: Any = ffi.from_buffer("uint64_t[]", words)
 
     def add_ones(self, index: Any, rows: np.ndarray[Any, Any] | None = None) -> int:
         """One to ``counts[index[k]]`` for every k, or for every k in ``rows``
         (int64 positions into ``index``), in one C call, each add a release;
         ``index`` is a buffer of ``uint32`` (an ``array('I')``). Positions and
-        indices out of range are skipped. Returns how many were added."""
-        n_index = len(index)
-        pointer = ffi.from_buffer("uint32_t[]", index)
-        if rows is None:
-            return int(lib.shm_add_ones(self._p, self._n, pointer, n_index, ffi.NULL, n_index))
-        if rows.dtype != np.int64 or not rows.flags.c_contiguous:
-            rows = np.ascontiguousarray(rows, np.int64)
-        picked = ffi.from_buffer("int64_t[]", rows)
-        return int(lib.shm_add_ones(self._p, self._n, pointer, n_index, picked, len(rows)))
+        indices out of range are skipped. Returns how many were added; 0 once
+        the view is released (its segment gone: nobody reads these counts)."""
+        try:
+            counts = ffi.from_buffer("uint64_t[]", self.words)
+        except ValueError:  # a released view
+            return 0
+        try:
+            n_index = len(index)
+            pointer = ffi.from_buffer("uint32_t[]", index)
+            if rows is None:
+                return int(lib.shm_add_ones(counts, self._n, pointer, n_index, ffi.NULL, n_index))
+            if rows.dtype != np.int64 or not rows.flags.c_contiguous:
+                rows = np.ascontiguousarray(rows, np.int64)
+            picked = ffi.from_buffer("int64_t[]", rows)
+            return int(lib.shm_add_ones(counts, self._n, pointer, n_index, picked, len(rows)))
+        finally:
+            ffi.release(counts)

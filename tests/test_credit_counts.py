@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from array import array
 from collections.abc import Iterator
@@ -53,3 +55,44 @@ def test_a_read_only_or_foreign_view_is_refused(words: memoryview) -> None:
         Counts(words.toreadonly())
     with pytest.raises(ValueError, match="writable memoryview of uint64"):
         Counts(words.cast("B"))
+
+
+PROBE = """
+import gc, sys
+from array import array
+from shm import Counts, Segment
+from shm.segment import HEADER_SIZE
+segment = Segment.create(sys.argv[1], HEADER_SIZE + 64)
+segment.unlink()
+words = segment.bytes_at(HEADER_SIZE, 64).cast("Q")
+counts = Counts(words)
+counts.add_ones(array("I", [1]))
+class Transport:  # a transport's objects, held in a cycle as a client's are
+    pass
+t = Transport()
+t.counts, t.words, t.segment, t.me = counts, words, segment, t
+segment.close()
+del counts, words, segment, t
+gc.collect()
+print("collected")
+"""
+
+
+def test_counts_collected_in_a_cycle_after_their_segment_closed_never_crash() -> None:
+    """A Counts kept a C pointer for life (a from_buffer export of its view): the
+    cycle collector could not clear the view, freed it under the export, and the
+    process died of SIGSEGV (a pool client whose lost member was closed, in CI)."""
+    name = shm_name(f"counts{os.getpid()}x{uuid.uuid4().hex[:8]}", "probe")
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, name], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout == "collected\n" and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_counts_over_a_released_view_add_nothing(words: memoryview) -> None:
+    view = words[:4]
+    counts = Counts(view)
+    view.release()
+    assert counts.add_ones(array("I", [0, 1])) == 0
+    assert list(words) == [0] * 8
