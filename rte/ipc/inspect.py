@@ -243,7 +243,7 @@ def snapshot(name: str) -> dict[str, Any]:
 def _mailbox(names: DaemonNames, layout: Layout, index: int) -> Iterator[Mailbox]:
     """Client slot ``index``'s mailbox, mapped read-only for as long as the block."""
     with Segment.open(names.mailbox(index), kind=KIND_MAILBOX, readonly=True) as segment:
-        yield Mailbox.open(segment, layout.ring_capacity, layout.max_sessions)
+        yield Mailbox.open(segment, layout.ring_capacity, layout.handles)
 
 
 def _figures(names: DaemonNames, layout: Any) -> Callable[[int], list[dict[str, Any]]]:
@@ -255,7 +255,7 @@ def _figures(names: DaemonNames, layout: Any) -> Callable[[int], list[dict[str, 
             data = segment.array(HEADER_SIZE, np.uint8, (size,), readonly=True).tobytes()
     except ShmError:  # none (an older daemon's leftovers), or not readable
         return lambda index: []
-    each, handles = figures.size(layout.max_sessions), layout.max_sessions
+    each, handles = figures.size(layout.handles), layout.handles
     now = time.monotonic_ns()
 
     def of(index: int) -> list[dict[str, Any]]:
