@@ -16,7 +16,9 @@ Two ways in, one budget:
   refused meanwhile (there is no row to check an action against);
 * **idle** (``idle_s`` > 0): a session that was not due (its consumer released
   nothing) for ``idle_s`` is parked by the loop and resumed when it is due again
-  or acted on, so a host can hold more attached sessions than rows.
+  or acted on, so a host can hold more attached sessions than rows (a daemon's
+  one client up to its session handles, ``--sessions-per-client``: a parked
+  session keeps its handle, :mod:`rte.ipc.settings`).
 
 The states held are bounded by ``budget_bytes`` (their arrays,
 :attr:`SessionState.nbytes`): a park past it is an
