@@ -43,12 +43,13 @@ from typing import Any, TypeVar
 from rte.client import arguments
 from rte.client.batch import ChunkBatch
 from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
+from rte.client.in_flight import Landed, MovesInFlight
 from rte.client.inputs import InputLoan
 from rte.client.loop_wait import LoopWait
-from rte.client.migration import MigrationError, Move, drain_targets
+from rte.client.migration import Move, drain_moves, outcome, start_due
 from rte.client.pool import PoolTransport
 from rte.client.transport import Transport
-from rte.contract import Manifest, Notice
+from rte.contract import Manifest, Notice, NoticeKind
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout, RteError
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Request
@@ -75,7 +76,8 @@ class AsyncClient:
         self._wait = LoopWait(transport, core, self._pump, self._check_open)
         self._pool = transport if isinstance(transport, PoolTransport) else None
         self.stranded: dict[str, SessionState] = {}  # as PoolClient's (a pool's drain)
-        self._moving = False  # a drain's moves are being made (by one task)
+        pool = self._pool
+        self._drained = None if pool is None else MovesInFlight(core, pool, 0.0)  # on their way
 
     @property
     def sessions(self) -> set[str]:
@@ -155,6 +157,8 @@ class AsyncClient:
         request = self._core.act(session, conditioning)
         deadline = time.monotonic() + arguments.timeout(timeout)
         self._check_open()
+        if self._drained is not None and self._drained.hold(request):
+            return request.seq  # (on its way: sent where it lands)
         await self._send_lent(await self._lend(request, deadline), deadline)
         return request.seq
 
@@ -185,10 +189,12 @@ class AsyncClient:
     async def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
         """The next step's chunks as one batch, or None after ``timeout`` s."""
         deadline = time.monotonic() + arguments.timeout(timeout)
-        if self._pool is not None and self._pool.moves:
+        if self._drained is not None:
             await self.move_drained()
         core = self._core
-        while await self._wait.until(core.has_chunks, deadline - time.monotonic()):
+        while await self._wait.until(self._chunks_or_moves, deadline - time.monotonic()):
+            if self._drained:
+                await self.move_drained()
             if core.has_chunks():
                 return core.take_batch()  # (else another task took it first)
         return None
@@ -198,13 +204,15 @@ class AsyncClient:
         if timeout.__class__ is not float or not 0.0 <= timeout <= arguments.MAX_TIMEOUT_S:
             timeout = arguments.timeout(timeout)  # (the fast path: a plain float in range)
         self._check_open()
-        if self._pool is not None and self._pool.moves:
+        if self._drained is not None:
             await self.move_drained()
         core = self._core
         if (chunk := core.next_chunk()) is not None:  # one of a step already here
             return chunk
         deadline = time.monotonic() + timeout
-        while await self._wait.until(core.has_chunks, deadline - time.monotonic()):
+        while await self._wait.until(self._chunks_or_moves, deadline - time.monotonic()):
+            if self._drained:
+                await self.move_drained()
             if core.has_chunks():
                 return core.take_chunk()
         return None
@@ -219,69 +227,56 @@ class AsyncClient:
     async def migrate(self, session: str, to: str | Sequence[str], *, timeout: float = 5.0) -> str:
         """As :meth:`PoolClient.migrate`; RequestError unless over a pool."""
         move = Move.of(self._over_pool(), self.sessions, session, to)
-        state = await self.export(session, timeout=timeout)
-        try:
-            return await self._attach_on(session, state, move.targets, timeout)
-        except RteError as refused:
-            try:
-                await self._attach_on(session, state, [move.old], timeout)
-            except RteError as also:
-                raise move.stranded(state, refused, also) from refused
-            raise move.back(refused) from refused
+        return outcome(await self._fly([move], timeout))[session]
 
     async def drain(self, name: str, *, timeout: float = 5.0) -> dict[str, str]:
-        """As :meth:`PoolClient.drain`; RequestError unless over a pool."""
+        """As :meth:`PoolClient.drain` (every move at once); RequestError unless
+        over a pool."""
         pool = self._over_pool()
-        drain_targets(pool, name)  # (checked before any move)
-        moved: dict[str, str] = {}
-        for session in sorted(s for s in self.sessions if pool.home.get(s) == name):
-            targets = drain_targets(pool, name)
-            moved[session] = await self.migrate(session, targets, timeout=timeout)
-        return moved
+        return outcome(await self._fly(drain_moves(pool, self.sessions, name), timeout))
 
     async def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
-        """As :meth:`PoolClient.move_drained` (``poll`` and ``poll_batch`` call it;
-        one task moves, the others go on)."""
-        pool = self._pool
-        if pool is None or self._moving:
+        """As :meth:`PoolClient.move_drained` (``poll`` and ``poll_batch`` call it,
+        and take the answers of the moves on their way while they wait; it never
+        awaits, so no task enters it while another is in it)."""
+        pool, flights, core = self._pool, self._drained, self._core
+        if pool is None or flights is None or not (pool.moves or flights):
             return {}
-        self._moving, moved, moves = True, {}, pool.moves
-        try:
-            for told in moves.due():
-                session = told.notice.session
-                if moves.stale(told, pool, self.sessions):  # (told already: not again)
-                    self._core.sort([] if told.tries else [told.notice])
-                    continue
+        core.sort([*start_due(pool.moves, flights, pool, self.sessions, timeout)])
+        moved: dict[str, str] = {}
+        for landed in flights.advance():
+            news = pool.moves.landed(landed, self.stranded)
+            core.sort([] if news is None else [news])
+            if landed.error is None:
+                moved[landed.move.session] = landed.to
+            for held in landed.held:  # (the session's own, sent where it is now)
                 try:
-                    targets = drain_targets(pool, told.name)
-                    to = await self.migrate(session, targets, timeout=timeout)
-                    news = moves.after(told, to)
-                    moved[session] = to
+                    self.transport.send(self.transport.lend(held, 0.0), 0.0)
                 except RteError as why:
-                    if isinstance(why, MigrationError):
-                        self.stranded[session] = why.state
-                    news = moves.after(told, error=why)
-                self._core.sort([] if news is None else [news])
-        finally:
-            self._moving = False
+                    text = f"action {held.seq} of {held.session!r} sent during its move: {why}"
+                    core.sort([Notice(held.session, NoticeKind.ERROR, text, held.seq)])
         return moved
+
+    def _chunks_or_moves(self) -> bool:
+        return self._core.has_chunks() or (self._drained is not None and self._drained.ready())
+
+    async def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
+        """Make ``moves`` at once, waiting (yielding) until each ended."""
+        timeout = arguments.timeout(timeout)
+        self._check_open()
+        flights = MovesInFlight(self._core, self._over_pool(), 0.0)
+        for move in moves:
+            flights.start(move, timeout)
+        landed = flights.advance()
+        while flights:
+            await self._wait.until(flights.ready, flights.wait_s())
+            landed += flights.advance()
+        return landed
 
     def _over_pool(self) -> PoolTransport:
         if self._pool is None:
             raise RequestError(f"{self.name!r} is one daemon, not a pool: nowhere to move to")
         return self._pool
-
-    async def _attach_on(
-        self, session: str, state: SessionState, names: list[str], timeout: float
-    ) -> str:
-        """Attach ``session`` with ``state`` on the first of ``names`` that takes it."""
-        pool = self._over_pool()
-        pool.pinned[session] = names
-        try:
-            await self.attach(session, state=state, timeout=timeout)
-        finally:
-            del pool.pinned[session]
-        return pool.home.get(session, "")
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -21,7 +21,10 @@ The state is never lost: when every target refuses it, it is attached back on
 the daemon it came from (its row was just freed there); when that fails too,
 the :class:`MigrationError` holds the state for the caller to attach anywhere.
 The client sees one stall: the export's round trip plus the attach's, a couple
-of the pace's periods (``tests/test_migrate.py`` prints it).
+of the pace's periods (``tests/test_migrate.py`` prints it). A drain costs the
+same: its moves are made at once (:class:`~rte.client.in_flight.MovesInFlight`:
+every export sent together, each attach as soon as its export is answered),
+not one after another.
 
 **A daemon-wide drain** (``rte drain NAME``, :mod:`rte.ipc.draining`) tells
 each client, with a DRAINING notice per session, that its session is to move.
@@ -29,7 +32,10 @@ A pool never moves it from inside a receive: the pool holds the notice back
 (:class:`DrainMoves`) and the client moves the session at its next safe point,
 the entry of ``poll``, ``poll_batch``, ``results`` or ``notices`` (the asyncio
 client's ``poll``, ``poll_batch`` and ``results``), as :meth:`Migrating.drain`
-would: to the pool's other live daemons, most free rows first. The DRAINING
+would: to the pool's other live daemons, most free rows first. Those calls
+never wait for the moves: they send them and take their answers as they come,
+handing out the client's other sessions' chunks meanwhile (an action sent to a
+session on its way is held and sent where it lands). The DRAINING
 notice then surfaces among :meth:`notices`, its message saying where the
 session went (``... moved to 'gpu-1'``), or why it could not move: it stays
 where it is and the move is tried again every :data:`MOVE_RETRY_S` while its
@@ -41,15 +47,18 @@ says so. A plain (single daemon) client cannot move: it only sees the notice.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rte.client import arguments
 from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.core import Chunk
+from rte.client.in_flight import Landed, MovesInFlight
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
+from rte.protocol.requests import Act
 from rte.state import SessionState
 
 if TYPE_CHECKING:
@@ -116,12 +125,26 @@ def drain_targets(pool: PoolTransport, name: str) -> list[str]:
     """Where the sessions of daemon ``name`` go: the pool's other live daemons,
     most free rows first (draining ones last). RequestError for a daemon not of
     the pool, EngineGone when no other is live."""
+    return spread(pool, name, 1)[0]
+
+
+def spread(pool: PoolTransport, name: str, count: int) -> list[list[str]]:
+    """The targets of ``count`` sessions of daemon ``name`` moved at once, each as
+    :func:`drain_targets` orders them, as if those before it had taken a row
+    each where they go first (so the moves spread: fewer refused). The errors
+    of :func:`drain_targets`."""
     if name not in pool.members:
         raise RequestError(f"{name!r} is not a daemon of pool {pool.name!r}")
-    others = sorted((n for n in pool.live() if n != name), key=pool.free_rows, reverse=True)
-    if not others:
+    free = {n: pool.free_rows(n) for n in pool.live() if n != name}
+    if not free:
         raise EngineGone(f"draining {name!r}: no other daemon of the pool is live")
-    return sorted(others, key=pool.placer.draining)  # (stable: the free rows' order kept)
+    out: list[list[str]] = []
+    for _ in range(count):
+        order = sorted(free, key=lambda n: free[n], reverse=True)
+        order.sort(key=pool.placer.draining)  # (stable: the free rows' order kept)
+        free[order[0]] -= 1
+        out.append(order)
+    return out
 
 
 @dataclass
@@ -143,6 +166,9 @@ class DrainMoves:
 
     def __bool__(self) -> bool:
         return bool(self._told)
+
+    def __len__(self) -> int:
+        return len(self._told)
 
     def add(self, name: str, notice: Notice) -> None:
         """Daemon ``name`` drains: ``notice``'s session is to move."""
@@ -182,6 +208,69 @@ class DrainMoves:
         text = f"{said}: could not move ({error}); tried again every {MOVE_RETRY_S:g}s"
         return Notice(session, NoticeKind.DRAINING, text)
 
+    def landed(self, landed: Landed, stranded: dict[str, SessionState]) -> Notice | None:
+        """:meth:`after` for a move of :class:`MovesInFlight` that ended (its tag a
+        :class:`Told`); a state every daemon refused goes into ``stranded``."""
+        told, error = landed.tag, landed.error
+        if error is None:
+            return self.after(told, landed.to)
+        if isinstance(error, MigrationError):
+            stranded[told.notice.session] = error.state
+        return self.after(told, error=error)
+
+
+def drain_moves(pool: PoolTransport, sessions: set[str], name: str) -> list[Move]:
+    """The moves of every session of ``sessions`` on daemon ``name`` (spread over
+    the others); RequestError for a daemon not of the pool, EngineGone when no
+    other is live (checked before any move)."""
+    mine = sorted(s for s in sessions if pool.home.get(s) == name)
+    targets = spread(pool, name, max(1, len(mine)))
+    return [Move.of(pool, sessions, s, to) for s, to in zip(mine, targets, strict=False)]
+
+
+def outcome(landed: list[Landed]) -> dict[str, str]:
+    """session -> where it went, of moves that all ended; the error of the first
+    (by session) that did not move, once all have ended (the others moved)."""
+    failed = sorted((m for m in landed if m.error is not None), key=lambda m: m.move.session)
+    if failed:
+        assert failed[0].error is not None
+        raise failed[0].error
+    return {m.move.session: m.to for m in landed}
+
+
+def start_due(
+    moves: DrainMoves,
+    flights: MovesInFlight,
+    pool: PoolTransport,
+    sessions: set[str],
+    timeout: float,
+) -> list[Notice]:
+    """Start the move of every held-back session now due (spread over the other
+    daemons); the notices to hand out at once (a stale one, one that cannot
+    start)."""
+    news: list[Notice] = []
+    by_daemon: dict[str, list[Told]] = {}
+    for told in moves.due():
+        if told.notice.session in flights:  # (told again while on its way: as it came)
+            news.append(told.notice)
+        elif moves.stale(told, pool, sessions):  # (told already: not again)
+            news += [] if told.tries else [told.notice]
+        else:
+            by_daemon.setdefault(told.name, []).append(told)
+    for name, told_here in by_daemon.items():
+        try:
+            targets = spread(pool, name, len(told_here))
+        except RteError as why:
+            news += [n for t in told_here if (n := moves.after(t, error=why)) is not None]
+            continue
+        for told, to in zip(told_here, targets, strict=True):
+            try:
+                flights.start(Move.of(pool, sessions, told.notice.session, to), timeout, told)
+            except RteError as why:
+                if (notice := moves.after(told, error=why)) is not None:
+                    news.append(notice)
+    return news
+
 
 class Migrating(EngineClient):
     """:meth:`migrate` and :meth:`drain` for a client over a :class:`PoolTransport`,
@@ -195,6 +284,7 @@ class Migrating(EngineClient):
     transport: PoolTransport
     stranded: dict[str, SessionState]
     _moving: bool
+    _drained: MovesInFlight  # the moves of sessions whose daemon drains, on their way
 
     def migrate(self, session: str, to: str | Sequence[str], *, timeout: float = 5.0) -> str:
         """Move ``session`` to daemon ``to`` (or the first of several that takes it);
@@ -203,81 +293,93 @@ class Migrating(EngineClient):
         failed), RequestError for a target not of this pool or its own daemon,
         UnknownSessionError for a session not attached."""
         move = Move.of(self.transport, self.sessions, session, to)
-        state = self.export(session, timeout=timeout)
-        try:
-            return self._attach_on(session, state, move.targets, timeout)
-        except RteError as refused:
-            try:
-                self._attach_on(session, state, [move.old], timeout)
-            except RteError as also:
-                raise move.stranded(state, refused, also) from refused
-            raise move.back(refused) from refused
+        return outcome(self._fly([move], timeout))[session]
 
     def drain(self, name: str, *, timeout: float = 5.0) -> dict[str, str]:
         """Move every session of this client on daemon ``name`` to the pool's other
-        live daemons (most free rows first); session -> where it went. The first
-        one that cannot move raises as :meth:`migrate` does (those before it moved)."""
-        pool = self.transport
-        drain_targets(pool, name)  # (checked before any move)
-        moved: dict[str, str] = {}
-        for session in sorted(s for s in self.sessions if pool.home.get(s) == name):
-            moved[session] = self.migrate(session, drain_targets(pool, name), timeout=timeout)
-        return moved
+        live daemons (most free rows first), all at once (:mod:`rte.client.in_flight`:
+        what one move costs); session -> where it went. One that cannot move raises
+        as :meth:`migrate` does, once every move ended (the others moved)."""
+        return outcome(self._fly(drain_moves(self.transport, self.sessions, name), timeout))
+
+    def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
+        """Make ``moves`` at once, waiting (receiving) until each ended."""
+        timeout = arguments.timeout(timeout)
+        flights = MovesInFlight(self._core, self.transport, timeout)
+        for move in moves:
+            flights.start(move, timeout)
+        landed = flights.advance()
+        while flights:
+            self._pump(flights.wait_s())
+            landed += flights.advance()
+        return landed
 
     # -- a daemon drains: the moves, at the safe points -------------------------
 
+    def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
+        if session in self._drained:  # on its way: sent where it lands
+            request = self._core.act(session, conditioning)
+            self._drained.hold(request)
+            return request.seq
+        return super().act(session, conditioning, timeout=timeout)
+
     def poll(self, timeout: float = 1.0) -> Chunk | None:
-        if self.transport.moves:
-            self.move_drained()
+        if self.transport.moves or self._drained:
+            timeout = self._follow_drain(timeout)
         return super().poll(timeout)
 
     def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
-        if self.transport.moves:
-            self.move_drained()
+        if self.transport.moves or self._drained:
+            timeout = self._follow_drain(timeout)
         return super().poll_batch(timeout)
 
     def notices(self) -> list[Notice]:
         news = super().notices()  # (what came, a DRAINING among it, is held by the pool)
-        if self.transport.moves:
+        if self.transport.moves or self._drained:
             self.move_drained()
             news += self._core.drain_notices()
         return news
 
     def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
-        """Move each session whose daemon said it drains, now (``poll`` and the
-        others call it); session -> where it went. Never re-entered: a move's own
-        waits only receive, and what they receive waits for the next call."""
+        """Start the move of each session whose daemon said it drains (all at once)
+        and take the answers of those on their way (``poll`` and the others call
+        it); session -> where it went, of those that landed now. Never waits,
+        never re-entered: the moves advance as their answers arrive."""
         if self._moving:
             return {}
         self._moving = True
-        pool, moved, moves = self.transport, {}, self.transport.moves
+        pool, core, flights = self.transport, self._core, self._drained
         try:
-            for told in moves.due():
-                session = told.notice.session
-                if moves.stale(told, pool, self.sessions):  # (told already: not again)
-                    self._core.sort([] if told.tries else [told.notice])
-                    continue
-                try:
-                    to = self.migrate(session, drain_targets(pool, told.name), timeout=timeout)
-                    news = moves.after(told, to)
-                    moved[session] = to
-                except RteError as why:
-                    if isinstance(why, MigrationError):
-                        self.stranded[session] = why.state
-                    news = moves.after(told, error=why)
-                self._core.sort([] if news is None else [news])
+            core.sort([*start_due(pool.moves, flights, pool, self.sessions, timeout)])
+            moved: dict[str, str] = {}
+            for landed in flights.advance():
+                news = pool.moves.landed(landed, self.stranded)
+                core.sort([] if news is None else [news])
+                if landed.error is None:
+                    moved[landed.move.session] = landed.to
+                for held in landed.held:  # (the session's own, sent where it is now)
+                    self._send_held(held)
         finally:
             self._moving = False
         return moved
 
-    def _attach_on(
-        self, session: str, state: SessionState, names: list[str], timeout: float
-    ) -> str:
-        """Attach ``session`` with ``state`` on the first of ``names`` that takes it."""
-        pool = self.transport
-        pool.pinned[session] = names
+    def _follow_drain(self, timeout: float) -> float:
+        """A poll's moves: take their answers as they come, until a chunk is here
+        or none is on its way; the poll's time left."""
+        timeout = arguments.timeout(timeout)
+        deadline = time.monotonic() + timeout
+        self.move_drained()
+        while self._drained and not self._core.has_chunks():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(min(left, self._drained.wait_s() or left))
+            self.move_drained()
+        return max(0.0, deadline - time.monotonic())
+
+    def _send_held(self, request: Act) -> None:
         try:
-            self.attach(session, state=state, timeout=timeout)
-        finally:
-            del pool.pinned[session]
-        return pool.home.get(session, "")
+            self._send(self.transport.lend(request, 1.0), 1.0)
+        except RteError as why:
+            text = f"action {request.seq} of {request.session!r} sent during its move: {why}"
+            self._core.sort([Notice(request.session, NoticeKind.ERROR, text, request.seq)])

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from rte.client.batch import ChunkBatch, Release
+from rte.client.in_flight import MovesInFlight
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.members import Members
 from rte.client.migration import DrainMoves, Migrating
@@ -64,6 +65,7 @@ from rte.protocol.values import InputRef
 from rte.state import SessionState
 
 CHECK_EVERY_S = 0.1  # a sleeping pool checks its daemons' liveness this often
+DRAIN_ROOM_S = 0.5  # how long a poll's drain move waits for room in a ring or an input slot
 Recover = Callable[[str], Mapping[str, SessionState]]  # a dead daemon -> its sessions' states
 log = logging.getLogger(__name__)
 
@@ -334,7 +336,8 @@ class PoolClient(Migrating):
         self.members, self.missing, self.home = pool.members, pool.missing, pool.home
         self.reattach = reattach
         self.stranded: dict[str, SessionState] = {}  # drained, refused everywhere: its state
-        self._moving = False  # a drain's moves are being made (never re-entered)
+        self._moving = False  # a drain's moves are being advanced (never re-entered)
+        self._drained = MovesInFlight(self._core, pool, DRAIN_ROOM_S)
 
     def live(self) -> list[str]:
         return self.transport.live()

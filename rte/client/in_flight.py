@@ -1,0 +1,219 @@
+"""Moves in flight: many sessions' moves between a pool's daemons made at once,
+none waiting for another, and nothing here waiting at all.
+
+A move is two requests (:mod:`rte.client.migration`): an EXPORT to the
+session's daemon, then, once its EXPORTED answer came, an ATTACH with that
+state pinned to the targets (and, if every target refused it, one more pinned
+to the daemon it came from). Each answer comes at its daemon's next turn, so
+a drain made one move after another costs two turns per session and its last
+session waits for all the others. :class:`MovesInFlight` instead sends every
+move's export at once (one request each, matched to its answer by its seq, as
+any call is: :meth:`ClientCore.expect`), and each move's attach as soon as its
+export is answered: a drain of N sessions costs what one move costs.
+
+It never waits and never receives: its owner (the sync client's
+``poll``/``drain``, the asyncio client's) pumps the transport as it always
+does, which sorts the answers into the core, then calls :meth:`advance`, which
+takes the answers that came, sends each move's next request and returns the
+moves that ended. So it is never entered from inside a receive, and the
+owner's other sessions' chunks are handed out and released meanwhile. An
+action sent to a session in flight is held (:meth:`hold`) and sent once the
+session landed, where it landed: none is refused for arriving mid-move.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rte.client.core import Call, ClientCore
+from rte.errors import RteError
+from rte.overload import DEFAULT_PRIORITY
+from rte.protocol.requests import Act, Export
+from rte.state import SessionState
+
+if TYPE_CHECKING:
+    from rte.client.migration import Move
+    from rte.client.pool import PoolTransport
+
+
+@dataclass
+class Flight:
+    """One session's move on its way: the request it waits on now."""
+
+    move: Move
+    request: Call
+    timeout: float
+    deadline: float
+    tag: Any = None  # the owner's (a drain's held-back notice)
+    state: SessionState | None = None  # exported: its state
+    refused: RteError | None = None  # every target refused it: going back to move.old
+    held: list[Act] = field(default_factory=list)  # actions sent meanwhile
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A move that ended: ``to`` the daemon it is on now, or ``error`` as
+    :meth:`Migrating.migrate` raises it (the session back where it was, or
+    stranded: a :class:`~rte.client.migration.MigrationError` holding its state)."""
+
+    move: Move
+    to: str
+    error: RteError | None
+    tag: Any
+    held: list[Act]
+
+
+class MovesInFlight:
+    """The moves of one client in flight; see the module.
+
+    Args:
+        core: the client's core (numbering, answers).
+        pool: the client's pool transport.
+        room_s: how long a send may wait for room in a request ring or an input
+            slot (0 on an event loop: a full ring fails that step of the move).
+    """
+
+    def __init__(self, core: ClientCore, pool: PoolTransport, room_s: float) -> None:
+        self._core, self._pool, self._room_s = core, pool, room_s
+        self._flights: dict[str, Flight] = {}  # session -> its move
+        self._landed: list[Landed] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._flights or self._landed)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._flights
+
+    def start(self, move: Move, timeout: float, tag: Any = None) -> None:
+        """Send ``move``'s export (each of its requests waits ``timeout`` s for its
+        answer); a refused send ends the move at once."""
+        core, pool = self._core, self._pool
+        try:
+            request = pool.export_into(core.export(move.session), self._room_s)
+        except RteError as why:
+            self._landed.append(Landed(move, "", why, tag, []))
+            return
+        flight = Flight(move, request, timeout, 0.0, tag)
+        self._flights[move.session] = flight
+        refused = self._send(flight, request)
+        if refused is not None:
+            del self._flights[move.session]
+            pool.export_done(request)
+            self._landed.append(Landed(move, "", refused, tag, []))
+
+    def hold(self, act: Act) -> bool:
+        """Keep ``act`` for its session's landing if it is in flight (True)."""
+        flight = self._flights.get(act.session)
+        if flight is None:
+            return False
+        flight.held.append(act)
+        return True
+
+    def ready(self) -> bool:
+        """Whether :meth:`advance` has something to do now (an answer came, a
+        deadline passed, a move ended)."""
+        if self._landed:
+            return True
+        now, core = time.monotonic(), self._core
+        flights = self._flights.values()
+        return any(core.answered(f.request.seq) or f.deadline <= now for f in flights)
+
+    def wait_s(self) -> float:
+        """Seconds until the nearest deadline (0: :meth:`advance` now)."""
+        if self._landed or not self._flights:
+            return 0.0
+        nearest = min(f.deadline for f in self._flights.values())
+        return max(0.0, nearest - time.monotonic())
+
+    def advance(self) -> list[Landed]:
+        """Take the answers that came, send each move's next request; the moves
+        that ended (in the order they ended)."""
+        core, now = self._core, time.monotonic()
+        for flight in list(self._flights.values()):
+            seq = flight.request.seq
+            if core.answered(seq):
+                core.forget(seq)
+                try:
+                    answer = core.answer(seq)
+                except RteError as why:
+                    self._failed(flight, why)
+                else:
+                    self._answered(flight, int(answer.message or 0))
+            elif flight.deadline <= now:
+                core.forget(seq)
+                self._failed(flight, core.unanswered(flight.request, flight.timeout))
+        landed, self._landed = self._landed, []
+        return landed
+
+    # -- a move's steps ----------------------------------------------------------
+
+    def _answered(self, flight: Flight, nbytes: int) -> None:
+        move, pool = flight.move, self._pool
+        if isinstance(flight.request, Export):
+            try:
+                flight.state = pool.exported(flight.request, nbytes)
+            except RteError as why:
+                return self._end(flight, error=why)
+            finally:
+                pool.export_done(flight.request)
+            return self._attach(flight, move.targets)
+        pool.pinned.pop(move.session, None)
+        if flight.refused is None:
+            return self._end(flight, to=pool.home.get(move.session, ""))
+        back = move.back(flight.refused)
+        back.__cause__ = flight.refused
+        self._end(flight, to=pool.home.get(move.session, ""), error=back)
+
+    def _failed(self, flight: Flight, why: RteError) -> None:
+        move, pool = flight.move, self._pool
+        state = flight.state
+        if state is None:  # its export: the session stays as it was
+            if isinstance(flight.request, Export):
+                pool.export_done(flight.request)
+            return self._end(flight, error=why)
+        pool.pinned.pop(move.session, None)
+        if flight.refused is None:  # every target refused it: back where it came from
+            flight.refused = why
+            return self._attach(flight, [move.old])
+        stranded = move.stranded(state, flight.refused, why)
+        stranded.__cause__ = flight.refused
+        self._end(flight, error=stranded)
+
+    def _attach(self, flight: Flight, names: list[str]) -> None:
+        """Send the attach with the state, pinned to ``names`` (in order)."""
+        assert flight.state is not None
+        session, pool = flight.move.session, self._pool
+        try:
+            request = self._core.attach(session, None, 0, DEFAULT_PRIORITY, flight.state)
+        except RteError as why:  # (closed meanwhile): the state is the caller's
+            return self._end(flight, error=flight.move.stranded(flight.state, why, why))
+        pool.pinned[session] = names
+        refused = self._send(flight, request)
+        if refused is not None:
+            self._failed(flight, refused)
+
+    def _send(self, flight: Flight, request: Call) -> RteError | None:
+        """Send ``request`` as ``flight``'s next; why it could not be sent, if not
+        (what it was lent given back)."""
+        core, pool = self._core, self._pool
+        flight.request = request
+        core.expect(request)
+        try:
+            lent = pool.lend(request, self._room_s)
+        except RteError as why:
+            core.forget(request.seq)
+            return why
+        try:
+            pool.send(lent, self._room_s)
+        except RteError as why:
+            core.forget(request.seq)
+            pool.unlend(lent)
+            return why
+        flight.deadline = time.monotonic() + flight.timeout
+        return None
+
+    def _end(self, flight: Flight, to: str = "", error: RteError | None = None) -> None:
+        del self._flights[flight.move.session]
+        self._landed.append(Landed(flight.move, to, error, flight.tag, flight.held))
