@@ -135,7 +135,7 @@ class RawClient:
         self.mailbox = Mailbox.open(
             self.mailbox_segment,
             layout.ring_capacity,
-            layout.max_sessions,
+            layout.handles,
             fresh=True,
             inbox_bell=self.bell,
         )

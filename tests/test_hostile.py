@@ -168,7 +168,7 @@ def _counters(name: str) -> dict[str, int]:
 
 def test_connecting_while_the_daemon_starts_waits_instead_of_failing(shm_prefix: str) -> None:
     names = DaemonNames(shm_prefix)
-    layout = Layout(max_clients=4, ring_capacity=4096, max_sessions=8)
+    layout = Layout(max_clients=4, ring_capacity=4096, handles=8)
     starting = Segment.create(names.control, layout.size, kind=KIND_CONTROL)  # state STARTING
     try:
         t0 = time.monotonic()
