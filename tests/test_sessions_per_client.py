@@ -22,6 +22,7 @@ from daemon_harness import DaemonProcess
 from rte import ComposedEngine, NoticeKind
 from rte.client import Chunk, ShmClient
 from rte.errors import AdmissionError, ConfigurationError
+from rte.ipc.checkpoints import read_checkpoint
 from rte.ipc.inspect import snapshot
 from rte.ipc.settings import Settings
 from rte.models.learned import LearnedWorldModel
@@ -247,3 +248,23 @@ def test_the_control_segment_says_the_handles(gateway: DaemonProcess) -> None:
     with Segment.open(DaemonNames(gateway.name).control, readonly=True) as segment:
         assert Control(segment).layout.handles == HANDLES  # what an inspector reads too
     assert f"sessions_per_client={HANDLES}" in gateway.said()  # its ready line says it
+
+
+def test_every_session_past_the_rows_is_checkpointed(shm_prefix: str) -> None:
+    """The checkpoint segment had a slot per row: with sessions parked in turn past
+    the rows, those after the first rows' were never checkpointed (silently)."""
+    d = DaemonProcess(
+        shm_prefix, *PARKING_ARGS, "--sessions-per-client", str(HANDLES), "--checkpoint-every", "1"
+    )
+    try:
+        with d.client() as client:
+            held = Held(client)
+            attach_past_the_rows(client, held)
+            frames: dict[str, dict[int, Any]] = {s: {} for s in SESSIONS}
+            for session in SESSIONS:  # each stepped (and so checkpointed) in its turn
+                consume(held, session, frames[session])
+            d.kill()
+        states = read_checkpoint(shm_prefix)
+        assert sorted(states) == SESSIONS, sorted(states)
+    finally:
+        DaemonNames(shm_prefix).remove_leftovers()

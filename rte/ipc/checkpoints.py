@@ -115,6 +115,9 @@ class Checkpoints:
             used = set(self._slots.values())
             free = [i for i in range(self.rows) if i not in used]
             if not free:
+                log.warning(
+                    "session %r not checkpointed: all %d slots are taken", session, self.rows
+                )
                 return
             slot = self._slots[session] = free[0]
         epoch = self._epochs[session] = self._epochs.get(session, 0) + 1

@@ -140,7 +140,10 @@ class DaemonCore:
         )
         rows = shared.control.manifest().max_sessions
         every = settings.checkpoint_every
-        self.checkpoints = Checkpoints(settings.names, every, rows) if every else None
+        # a slot for every session the daemon may hold: more than its rows when
+        # clients may hold more (--sessions-per-client), their parked ones included
+        held = rows if settings.handles <= rows else settings.max_clients * settings.handles
+        self.checkpoints = Checkpoints(settings.names, every, held) if every else None
         self.out = Outbound(shared.control, shared.slab, self.table, self.router)
         self.out.receipts = self.loop.receipts
         parts = (self.control, self.loop, self.table, self.router, self.inputs, self.out)
