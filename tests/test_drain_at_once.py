@@ -170,3 +170,31 @@ def test_the_asyncio_drain_sends_every_export_at_once_while_a_task_streams(
 
     asyncio.run(asyncio.wait_for(main(), 60))
     _no_gap(chunks)
+
+
+def test_a_drain_with_fewer_input_slots_than_sessions_moves_them_all(shm_prefix: str) -> None:
+    """Each export takes an input slot of the client until its answer: with fewer
+    slots than sessions, the rest wait for those slots to come back, then go."""
+    old, new = started = [
+        DaemonProcess(
+            f"{shm_prefix}q-{i}",
+            "--model",
+            "reference",
+            "--max-sessions",
+            "9",
+            "--max-clients",
+            "1",
+            "--input-slots",
+            "4",
+        )
+        for i in range(2)
+    ]
+    try:
+        with connect_pool([d.name for d in started], timeout=30) as client:
+            _placed(client, old.name, new.name)
+            assert client.drain(old.name, timeout=10) == dict.fromkeys(MOVED, new.name)
+    finally:
+        for d in started:
+            if d.process.poll() is None:
+                assert d.stop() == 0, d.stderr
+            DaemonNames(d.name).remove_leftovers()

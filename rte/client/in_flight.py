@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rte.client.core import Call, ClientCore
-from rte.errors import RteError
+from rte.errors import RequestTimeout, RteError
 from rte.overload import DEFAULT_PRIORITY
 from rte.protocol.requests import Act, Export
 from rte.state import SessionState
@@ -79,35 +79,49 @@ class MovesInFlight:
         self._core, self._pool, self._room_s = core, pool, room_s
         self._flights: dict[str, Flight] = {}  # session -> its move
         self._landed: list[Landed] = []
+        self._queued: list[tuple[Move, float, Any]] = []  # no input slot free yet
+        self._held_queued: dict[str, list[Act]] = {}  # actions sent to a queued one
 
     def __bool__(self) -> bool:
-        return bool(self._flights or self._landed)
+        return bool(self._flights or self._landed or self._queued)
 
     def __contains__(self, session: object) -> bool:
-        return session in self._flights
+        return session in self._flights or any(m.session == session for m, _, _ in self._queued)
 
     def start(self, move: Move, timeout: float, tag: Any = None) -> None:
         """Send ``move``'s export (each of its requests waits ``timeout`` s for its
-        answer); a refused send ends the move at once."""
+        answer); a refused send ends the move at once. With no input slot free
+        for its state while other exports hold theirs, it waits (queued) for
+        theirs to come back."""
         core, pool = self._core, self._pool
+        exporting = any(isinstance(f.request, Export) for f in self._flights.values())
+        room_s = 0.0 if exporting else self._room_s
         try:
-            request = pool.export_into(core.export(move.session), self._room_s)
+            request = pool.export_into(core.export(move.session), room_s)
         except RteError as why:
-            self._landed.append(Landed(move, "", why, tag, []))
+            if exporting and isinstance(why, RequestTimeout):
+                self._queued.append((move, timeout, tag))
+                return
+            held = self._held_queued.pop(move.session, [])
+            self._landed.append(Landed(move, "", why, tag, held))
             return
         flight = Flight(move, request, timeout, 0.0, tag)
+        flight.held = self._held_queued.pop(move.session, [])
         self._flights[move.session] = flight
         refused = self._send(flight, request)
         if refused is not None:
             del self._flights[move.session]
             pool.export_done(request)
-            self._landed.append(Landed(move, "", refused, tag, []))
+            self._landed.append(Landed(move, "", refused, tag, flight.held))
 
     def hold(self, act: Act) -> bool:
         """Keep ``act`` for its session's landing if it is in flight (True)."""
         flight = self._flights.get(act.session)
         if flight is None:
-            return False
+            if act.session not in self:
+                return False
+            self._held_queued.setdefault(act.session, []).append(act)
+            return True
         flight.held.append(act)
         return True
 
@@ -144,6 +158,9 @@ class MovesInFlight:
             elif flight.deadline <= now:
                 core.forget(seq)
                 self._failed(flight, core.unanswered(flight.request, flight.timeout))
+        queued, self._queued = self._queued, []
+        for move, timeout, tag in queued:  # (slots came back: those waiting go now)
+            self.start(move, timeout, tag)
         landed, self._landed = self._landed, []
         return landed
 
