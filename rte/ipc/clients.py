@@ -55,6 +55,9 @@ log = logging.getLogger("rte.daemon")
 CLAIM_GRACE_S = 5.0
 
 
+FEW_SESSIONS = 4  # with_credit checks this many sessions one by one, more in NumPy
+
+
 @dataclass(eq=False)
 class Connection:
     """The daemon's view of one connected client."""
@@ -128,6 +131,10 @@ class Connection:
         """The sessions that may step: fewer chunks out than their credits."""
         # the client writes ``consumed`` (a stale or hostile count is only ever its own
         # sessions' problem: the slab quota still bounds it); unbound handles have 0 credits
+        if len(self.sessions) <= FEW_SESSIONS:  # one by one: 1 us, where NumPy's is 2.5
+            emitted, credits, handles = self.emitted, self.credits, self.handles
+            consumed = self.block.consumed.view(np.int64)
+            return [s for s in self.sessions if emitted[h := handles[s]] - consumed[h] < credits[h]]
         ahead = np.subtract(self.emitted, self.block.consumed.view(np.int64), out=self._ahead)
         due = np.less(ahead, self.credits, out=self._due)
         due &= self._bound
