@@ -160,6 +160,7 @@ def test_the_asyncio_drain_sends_every_export_at_once_while_a_task_streams(
                 limit = Deadline(10, "the exports together, the other session streaming")
                 while _waiting(client, old.name) < len(MOVED) or len(chunks.get("s", [])) < 5:
                     limit.check(_seen(client, old.name, chunks))
+                    await asyncio.sleep(0)  # (a chunk always ready: let the drain task run)
                     chunk = await client.poll(timeout=0.1)
                     if chunk is not None:
                         with chunk:

@@ -24,18 +24,53 @@ session landed, where it landed: none is refused for arriving mid-move.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rte.client.core import Call, ClientCore
 from rte.errors import RequestTimeout, RteError
 from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.requests import Act, Export
+from rte.protocol.requests import Act, Export, Request
 from rte.state import SessionState
 
 if TYPE_CHECKING:
     from rte.client.migration import Move
-    from rte.client.pool import PoolTransport
+
+
+class MovingTransport(Protocol):
+    """What a move needs of its client's transport: a pool's
+    (:class:`~rte.client.pool.PoolTransport`) or Ray's
+    (:class:`~rte.ray.transport.RayTransport`)."""
+
+    home: Any  # session -> the daemon it lives on (``.get``)
+    pinned: dict[str, list[str]]  # session -> the daemons its attach may go to
+
+    def export_into(self, request: Export, timeout: float) -> Export: ...
+    def exported(self, request: Export, nbytes: int) -> SessionState: ...
+    def export_done(self, request: Export) -> None: ...
+    def lend(self, request: Request, timeout: float) -> Request: ...
+    def unlend(self, request: Request) -> None: ...
+    def send(self, request: Request, room_s: float = 0.0) -> None: ...
+
+
+def fly(
+    core: ClientCore,
+    pool: MovingTransport,
+    pump: Callable[[float], None],
+    moves: list[Move],
+    timeout: float,
+) -> list[Landed]:
+    """Make ``moves`` at once, for a client that blocks: ``pump(s)`` waits up to
+    ``s`` seconds for something and sorts it into ``core``; each move's end."""
+    flights = MovesInFlight(core, pool, timeout)
+    for move in moves:
+        flights.start(move, timeout)
+    landed = flights.advance()
+    while flights:
+        pump(flights.wait_s())
+        landed += flights.advance()
+    return landed
 
 
 @dataclass
@@ -75,7 +110,7 @@ class MovesInFlight:
             slot (0 on an event loop: a full ring fails that step of the move).
     """
 
-    def __init__(self, core: ClientCore, pool: PoolTransport, room_s: float) -> None:
+    def __init__(self, core: ClientCore, pool: MovingTransport, room_s: float) -> None:
         self._core, self._pool, self._room_s = core, pool, room_s
         self._flights: dict[str, Flight] = {}  # session -> its move
         self._landed: list[Landed] = []

@@ -55,7 +55,7 @@ from rte.client import arguments
 from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
 from rte.client.core import Chunk
-from rte.client.in_flight import Landed, MovesInFlight
+from rte.client.in_flight import Landed, MovesInFlight, fly
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
 from rte.protocol.requests import Act
@@ -304,15 +304,7 @@ class Migrating(EngineClient):
 
     def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
         """Make ``moves`` at once, waiting (receiving) until each ended."""
-        timeout = arguments.timeout(timeout)
-        flights = MovesInFlight(self._core, self.transport, timeout)
-        for move in moves:
-            flights.start(move, timeout)
-        landed = flights.advance()
-        while flights:
-            self._pump(flights.wait_s())
-            landed += flights.advance()
-        return landed
+        return fly(self._core, self.transport, self._pump, moves, arguments.timeout(timeout))
 
     # -- a daemon drains: the moves, at the safe points -------------------------
 

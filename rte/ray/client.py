@@ -37,12 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from rte.client import arguments
 from rte.client.base import EngineClient
-from rte.client.migration import MigrationError
-from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
+from rte.client.in_flight import Landed, fly
+from rte.client.migration import Move, outcome
+from rte.errors import EngineGone, RequestError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
-from rte.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -91,48 +92,28 @@ class RayClient(EngineClient):
                 raise RequestError(f"session {session!r} lives on {name!r} already")
         if not any(name in ray.live() for name in targets):
             raise EngineGone(f"no daemon of {targets} is live: {session!r} stays on {old!r}")
-        state = self.export(session, timeout=timeout)
-        try:
-            return self._attach_on(session, state, targets, timeout)
-        except RteError as refused:
-            try:
-                self._attach_on(session, state, [old], timeout)
-            except RteError as also:
-                raise MigrationError(
-                    f"moving {session!r}: refused by {targets} ({refused}) and by "
-                    f"{old!r} it came from ({also}); attach it with state=error.state",
-                    state,
-                ) from refused
-            raise AdmissionError(
-                f"moving {session!r} to {targets}: {refused}; it is back on {old!r}, going on"
-            ) from refused
+        return outcome(self._fly([Move(session, old, targets)], timeout))[session]
 
     def drain(self, name: Where, *, timeout: float = 5.0) -> dict[str, str]:
         """Move every session of this caller off host ``name`` (a daemon's name, a
         node's id, a host's index) to the other live ones, most free rows first;
         session -> the daemon it went to. The first that cannot move raises as
         :meth:`migrate` does (those before it moved)."""
-        ray, moved = self.transport, {}
+        ray, moves = self.transport, []
         for daemon in self._names(name):
-            for session in sorted(s for s in self.sessions if ray.home.get(s) == daemon):
-                others = [n for n in ray.live() if n != daemon]
-                if not others:
-                    raise EngineGone(f"draining {daemon!r}: no other host's daemon is live")
-                others.sort(key=ray.free_rows, reverse=True)
-                moved[session] = self.migrate(session, others, timeout=timeout)
-        return moved
+            mine = sorted(s for s in self.sessions if ray.home.get(s) == daemon)
+            free = {n: ray.free_rows(n) for n in ray.live() if n != daemon}
+            if mine and not free:
+                raise EngineGone(f"draining {daemon!r}: no other host's daemon is live")
+            for session in mine:  # (spread: each as if those before took a row)
+                others = sorted(free, key=lambda n: free[n], reverse=True)
+                free[others[0]] -= 1
+                moves.append(Move(session, daemon, others))
+        return outcome(self._fly(moves, timeout))
 
-    def _attach_on(
-        self, session: str, state: SessionState, names: list[str], timeout: float
-    ) -> str:
-        """Attach ``session`` with ``state`` on the first of ``names`` that takes it."""
-        pinned = self.transport.pinned
-        pinned[session] = names
-        try:
-            self.attach(session, state=state, timeout=timeout)
-        finally:
-            del pinned[session]
-        return self.transport.home.get(session, "")
+    def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
+        """Every move at once (:mod:`rte.client.in_flight`), as a pool's."""
+        return fly(self._core, self.transport, self._pump, moves, arguments.timeout(timeout))
 
     def _names(self, where: Where) -> list[str]:
         """The daemons ``where`` names: itself, those on that node, or that host's."""
