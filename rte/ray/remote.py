@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -44,6 +45,8 @@ from rte.state import SessionState
 
 OPEN_TIMEOUT_S = 30.0
 JOIN_TIMEOUT_S = 5.0
+
+log = logging.getLogger("rte.ray")
 
 
 class RemoteLease:
@@ -70,6 +73,7 @@ class RemoteMember:
         self._queue: collections.deque[Message] = collections.deque()
         self._releases: list[tuple[int, np.ndarray[Any, Any]]] = []
         self.states: dict[int, Any] = {}  # seq of an export -> its state's ObjectRef
+        self._abandoned: set[int] = set()  # exports whose caller stopped waiting
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._fd_lock = threading.Lock()  # the reader writes it, close closes it
         self._stream = host.stream.remote(owner)
@@ -128,10 +132,22 @@ class RemoteMember:
                 elif isinstance(item, Notice):
                     out.append(item)
                 elif isinstance(item, Exported):
-                    self.states[item.seq] = item.ref
+                    if item.seq in self._abandoned:  # answered after its call gave up:
+                        self._abandoned.discard(item.seq)  # its ref dropped, never pinned
+                        log.warning(
+                            "export %d at daemon %r answered late: dropped", item.seq, self.name
+                        )
+                    else:
+                        self.states[item.seq] = item.ref
                 else:
                     self.ended = item.why
         return out, self.ended
+
+    def forget(self, seq: int) -> None:
+        """Export ``seq`` is done with (read, refused, or given up on): its state's ref
+        goes, now or, if its answer is still to come, when it comes."""
+        if self.states.pop(seq, None) is None:
+            self._abandoned.add(seq)
 
     def state(self, seq: int, timeout: float = OPEN_TIMEOUT_S) -> SessionState:
         """The state export ``seq`` handed over, fetched from the object store.
@@ -140,7 +156,7 @@ class RemoteMember:
             RequestError: none came for it (the host's answer had no state).
             EngineGone: the object store lost it (its host's node is gone).
         """
-        ref = self.states.pop(seq, None)
+        ref = self.states.get(seq)  # (dropped by forget, once the export is done with)
         if ref is None:
             raise RequestError(f"export {seq} at daemon {self.name!r}: no state was handed over")
         try:

@@ -227,7 +227,7 @@ class RayTransport(Transport):
             if not member.closed:
                 member.export_done(request)
         elif member is not None:
-            member.states.pop(request.seq, None)
+            member.forget(request.seq)
 
     def _local_home(self, request: Request) -> ShmTransport | None:
         index = None if isinstance(request, Attach) else self.at.get(request.session)
