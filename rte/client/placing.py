@@ -153,4 +153,4 @@ class Placer:
     @staticmethod
     def refusal(placing: Placing) -> str:
         refused = placing.refused
-        return "every daemon of the pool is full" + (f" ({'; '.join(refused)})" if refused else "")
+        return "no daemon of the pool took it" + (f" ({'; '.join(refused)})" if refused else "")
