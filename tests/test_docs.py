@@ -347,6 +347,20 @@ def test_every_benchmark_table_has_its_place_in_the_benchmarks_doc() -> None:
     assert names == [name for _, name, _ in readme_tables.TABLES]
 
 
+def test_the_readme_s_state_table_is_the_benchmarks_doc_s() -> None:
+    """The README shows the state suite's table of one run, the one docs/benchmarks.md
+    shows (both written by readme_tables from that run)."""
+
+    def table(text: str) -> str:
+        at = text.index("<!-- state -->\n") + len("<!-- state -->\n")
+        return text[at : text.index("\n\n", at)]
+
+    shown = table(README.read_text())
+    assert shown.startswith("| figure |") and shown == table(
+        (ROOT / "docs" / "benchmarks.md").read_text()
+    )
+
+
 def test_write_replaces_a_run_s_tables_and_its_line_and_nothing_else(tmp_path: Path) -> None:
     from tools import bench_engine, readme_tables  # noqa: PLC0415
 
