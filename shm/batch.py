@@ -213,6 +213,35 @@ class BatchSample(_Slots):
         self._contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
         self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
 
+    @classmethod
+    def judged(
+        cls,
+        slab: SlabCore,
+        owner: int,
+        slots: Words,
+        generations: Words,
+        every: np.ndarray[Any, Any],
+        first: int,
+    ) -> BatchSample:
+        """Slots the C found published in one call as it popped their record
+        (:class:`shm.steps.RowsReader`), viewed from its verdict: ``first`` the
+        run's first slot, or negative when the slots are not one run (the C
+        looked at every slot, as :func:`one_run` does); ``every``: the slab's
+        read-only :meth:`~shm.slab_core.SlabCore.typed` view."""
+        sample = cls.__new__(cls)
+        _Slots.__init__(sample, slab, owner, slots, generations)
+        if first >= 0:
+            sample._contiguous, sample.block, sample._rows = (
+                True,
+                every[first : first + len(slots)],
+                [],
+            )
+        else:
+            sample._contiguous, sample.block = False, None
+            sample._rows = [every[s] for s in slots.tolist()]
+        sample._held = None
+        return sample
+
     @property
     def rows(self) -> list[np.ndarray[Any, Any]]:
         """One read-only array per slot (made on first use when the slots are one run)."""

@@ -201,6 +201,18 @@ class Ring:
             self._lens = ffi.new("uint64_t[]", self.capacity // 8)
         return self._out
 
+    def consumer_buffers(self) -> tuple[Any, Any]:
+        """The consumer's copy-out buffer (``char[capacity]``) and record lengths
+        (``uint64_t[capacity // 8]``), made on first use: for the pop variants
+        elsewhere in ``shm`` (:class:`shm.steps.RowsReader`) that drain the ring
+        as :meth:`pop_batch_nowait` does."""
+        out = self._buffers()
+        return out, self._lens
+
+    def where(self) -> str:
+        """Which ring this is, for messages."""
+        return self._where()
+
     def pop_nowait(self) -> bytes:
         """Take the oldest record, or raise RingEmpty at once."""
         out = self._out if self._out is not None else self._buffers()

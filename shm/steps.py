@@ -20,6 +20,14 @@ slots and generations, read in place) and as Python lists (chunk indices,
 handles, receipts), each copied once into an ``array.array`` (a buffer given
 instead is read in place). Every column's length is checked
 here, before the C reads ``n`` rows of each.
+
+The reader's side is :class:`RowsReader`: one C call (``shm_ring_pop_rows``)
+drains the ring as :meth:`Ring.pop_batch_nowait` does and judges every record
+it took: whether it is a record of rows of that head, whole, its handles in
+range and its slots published at their generations in the slab (the check a
+reader makes before it views them), and whether the slots are one run. A
+record that fails any check is handed on as "other", for the caller's own
+decoder to refuse it the way it always has.
 """
 
 from __future__ import annotations
@@ -31,9 +39,12 @@ from typing import Any
 from shm.errors import check_rc
 from shm.native import ffi, lib
 from shm.ring import Ring
+from shm.slab_core import SlabCore
 
 _WAKE = int(lib.SHM_WAKE)
 _FULL = int(lib.SHM_RING_FULL)
+OTHER = int(lib.SHM_ROWS_OTHER)  # a record the caller decodes itself
+SCATTERED = int(lib.SHM_ROWS_SCATTERED)  # ready rows whose slots are not one run
 ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # the six columns' bytes per row
 
 
@@ -122,3 +133,59 @@ def push_rows(
         f"{ring.max_record:,} bytes)",
     )
     return 0  # pragma: no cover  (check_rc raised)
+
+
+class RowsReader:
+    """The consumer of ``ring`` reading records of rows whose slots lie in
+    ``slab``: a head of ``head_len`` bytes starting with byte ``kind``, its row
+    count the ``uint32`` at ``count_at``, then the columns :func:`push_rows`
+    writes; handles below ``handles``."""
+
+    __slots__ = ("_args", "_info", "_lens", "_max", "_out", "_slab", "ring")
+
+    def __init__(
+        self, ring: Ring, slab: SlabCore, kind: int, head_len: int, count_at: int, handles: int
+    ) -> None:
+        self.ring = ring
+        self._slab = slab
+        self._out, self._lens = ring.consumer_buffers()
+        self._max = ring.capacity // 8
+        self._info = ffi.new("int64_t[]", self._max)
+        self._args = (kind, head_len, count_at, handles)
+
+    def pop(self) -> list[tuple[bytes, int]]:
+        """Every record available now, each with its verdict: its first slot
+        (``>= 0``: ready rows in one run), :data:`SCATTERED` (ready rows, not one
+        run) or :data:`OTHER` (any other record, or rows that fail a check);
+        [] when the ring is empty.
+
+        Raises:
+            RingCorrupt: the ring's bytes are not records (nothing taken).
+            SegmentError: the ring's or the slab's segment is closed here.
+        """
+        out, lens, info = self._out, self._lens, self._info
+        n = int(
+            lib.shm_ring_pop_rows(
+                self.ring.handle,
+                self._slab.meta,
+                out,
+                self.ring.capacity,
+                lens,
+                info,
+                self._max,
+                *self._args,
+            )
+        )
+        if n <= 0:
+            if n < 0:
+                check_rc(n, f"batch pop from {self.ring.where()}")
+            return []
+        if n == 1:
+            return [(ffi.unpack(out, lens[0]), info[0])]
+        records, at = [], 0
+        unpack = ffi.unpack
+        for i in range(n):
+            size = lens[i]
+            records.append((unpack(out + at, size), info[i]))
+            at += size
+        return records

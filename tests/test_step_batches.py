@@ -125,9 +125,26 @@ def test_a_batch_is_its_owners_alone(slab: Slab) -> None:
 # -- clients: poll_batch, on both forms ---------------------------------------------------
 
 
-@pytest.fixture(params=["inprocess", "shm"])
+@pytest.fixture
+def python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python reference on both sides: the daemon's STEP records packed in
+    Python (RTE_PURE_PYTHON=1), this process's clients decoding them in Python."""
+    monkeypatch.setenv("RTE_PURE_PYTHON", "1")
+    monkeypatch.setattr("rte.client.shm.IN_PLACE", False)
+
+
+@pytest.fixture(params=["c", "python"])
+def each_path(request: pytest.FixtureRequest) -> None:
+    """Over shared memory: the C paths, then the Python reference."""
+    if request.param == "python":
+        request.getfixturevalue("python_path")
+
+
+@pytest.fixture(params=["inprocess", "shm", "shm-python"])
 def engine(request: pytest.FixtureRequest, shm_prefix: str) -> Iterator[Engines]:
-    engines = Engines(request.param, shm_prefix)
+    if request.param == "shm-python":
+        request.getfixturevalue("python_path")
+    engines = Engines(request.param.removesuffix("-python"), shm_prefix)
     yield engines
     engines.close()
 
@@ -324,6 +341,7 @@ def test_tags_reach_their_rows(engine: Engines) -> None:
 # -- over shared memory only -----------------------------------------------------------
 
 
+@pytest.mark.usefixtures("each_path")
 def test_steps_straddling_the_rings_wrap_arrive_whole(shm_prefix: str) -> None:
     # 4 KiB rings: a STEP record of 32 chunks (1.2 KiB) is over a quarter of one
     d = DaemonProcess(
@@ -361,6 +379,7 @@ def test_steps_straddling_the_rings_wrap_arrive_whole(shm_prefix: str) -> None:
         assert d.stop() == 0, d.stderr
 
 
+@pytest.mark.usefixtures("each_path")
 def test_a_steps_chunks_released_one_at_a_time_go_back_together(shm_prefix: str) -> None:
     # Issue 27: the per-chunk API pays per step: each release only counts, and the
     # step's rows go back in one call with its last (its released count says so).

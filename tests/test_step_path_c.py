@@ -117,7 +117,7 @@ def test_a_record_queued_before_keeps_the_next_one_behind_it(ring: Ring) -> None
 
 
 def test_pure_python_is_selected_by_the_environment() -> None:
-    code = "import rte.protocol.steps as s; print(s.IN_PLACE)"
+    code = "import rte.protocol.steps as s; print(s.IN_PLACE)"  # (a client's judging too)
     env = {"RTE_PURE_PYTHON": "1", "PATH": ""}
     out = subprocess.run(
         [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
@@ -131,6 +131,7 @@ def test_a_daemon_delivers_whole_steps_on_either_path(shm_prefix: str, pure: str
     d = DaemonProcess(shm_prefix, *args, "--slab-slots", "128", env={"RTE_PURE_PYTHON": pure})
     try:
         with d.client() as client:
+            client.transport.judging = pure == "0"  # the client's side too (the C pop and judge)
             for i in range(32):
                 client.attach(f"s{i}")
             last: dict[str, int] = {}

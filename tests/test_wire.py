@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rte import Act, Action, Attach, Detach, Notice, NoticeKind, Reset
 from rte.errors import WireError
 from rte.protocol.requests import Resume, Suspend
-from rte.protocol.steps import push_step
+from rte.protocol.steps import NOT_JUDGED, push_step, step_reader
 from rte.protocol.values import encode_value
 from rte.protocol.wire import (
     HEADER,
@@ -32,7 +32,7 @@ from rte.protocol.wire import (
     request_seq,
     stamp_pushed,
 )
-from shm import Ring, Segment
+from shm import Ring, Segment, Slab
 from shm.segment import HEADER_SIZE
 
 StepMaker = Callable[..., bytearray]
@@ -170,3 +170,37 @@ def test_a_session_id_too_long_to_answer_is_refused_before_it_is_sent() -> None:
 def test_malformed_records_say_what_is_wrong(data: bytes, match: str) -> None:
     with pytest.raises(WireError, match=match):
         decode_request(data)
+
+
+@pytest.mark.parametrize("cut", [1, 8, 40, 41])
+def test_the_c_reader_leaves_each_step_that_lies_to_the_reference(
+    cut: int, step_record: StepMaker, shm_prefix: str
+) -> None:
+    # the client's C path (step_reader) judges a record ready only when the Python
+    # decoder would read it: a record that lies is handed on to be refused as above
+    ring_bytes = Ring.footprint(1 << 12)
+    size = HEADER_SIZE + ring_bytes + Slab.footprint(HEADER_SIZE + ring_bytes, 4, 64, 1)
+    segment = Segment.create(f"{shm_prefix}reader", size)
+    try:
+        ring = Ring.create(segment, HEADER_SIZE, 1 << 12, policy="spin")
+        slab = Slab.create(
+            segment, HEADER_SIZE + ring_bytes, slots=4, slot_bytes=64, max_owners=1, quota=4
+        )
+        loan = slab.loan_batch(0, 2, "u1", (4,))
+        loan.publish()
+        record = bytes(
+            step_record(
+                loan.slots, loan.generations, [0, 1], 0, [0, 1], contiguous=True, emitted_ns=0
+            )
+        )
+        lies = [record[:-cut] if cut < len(record) else record[: HEADER.size], record + b"\0" * 8]
+        for one in (*lies, record):
+            ring.push_nowait(one)
+        verdicts = [(raw, first) for raw, first in step_reader(ring, slab, 2).pop()]
+        assert verdicts == [(lies[0], NOT_JUDGED), (lies[1], NOT_JUDGED), (record, loan.slots[0])]
+        assert step_reader(ring, slab, 1).pop() == []  # (empty)
+        ring.push_nowait(record)
+        assert step_reader(ring, slab, 1).pop() == [(record, NOT_JUDGED)]  # handle 1 of 1
+    finally:
+        segment.close()
+        segment.unlink()

@@ -45,6 +45,7 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, WireError
 from rte.protocol.control import Control
 from rte.protocol.requests import Export, Request
+from rte.protocol.steps import IN_PLACE, NOT_JUDGED, judged_step, step_reader
 from rte.protocol.wire import StepColumns, decode_reply, encode_request, reply_handle
 from rte.state import SessionState
 from shm import BatchSample, Counts, ForeignSlot, Ring, ShmError, StaleSlot, WaitPolicy
@@ -111,6 +112,9 @@ class ShmTransport(Transport):
         self._handle_of: dict[str, int] = {}
         self._tokens = [0] * sessions  # bindings of each handle so far
         self._bindings = 0  # changes of any handle's binding so far (see give_back)
+        self._every: np.ndarray[Any, Any] | None = None  # the slab's slots as one view
+        self.judging = IN_PLACE  # pop and judge STEPs in C (else the Python reference)
+        self.reader = step_reader(self.outbox, slot.slab, sessions)
 
     @property
     def index(self) -> int:
@@ -157,7 +161,10 @@ class ShmTransport(Transport):
 
     def receive(self, release: Release) -> list[Arrival]:
         try:
-            records = self.outbox.pop_batch_nowait()
+            if self.judging:  # one C call: popped, and each STEP judged ready or not
+                records = self.reader.pop()
+            else:  # the Python reference
+                records = [(raw, NOT_JUDGED) for raw in self.outbox.pop_batch_nowait()]
         except ShmError as exc:  # a corrupt ring: the daemon (or a stray writer) broke it
             raise meaning(exc, f"reading from {self.name!r}") from None
         if not records:
@@ -165,8 +172,11 @@ class ShmTransport(Transport):
         taken = time.monotonic_ns()
         self._note_pop(taken)
         out: list[Arrival] = []
-        for raw in records:
+        for raw, first in records:
             try:
+                if first != NOT_JUDGED:  # whole, handles in range, slots ready (the C)
+                    out.append(self._judged(judged_step(raw), first, taken, release))
+                    continue
                 item = decode_reply(raw)  # a STEP: its columns, no NumPy call
                 if isinstance(item, StepColumns):
                     out.append(self._batch(item, taken, release))
@@ -208,13 +218,39 @@ class ShmTransport(Transport):
             raise meaning(exc, f"reading from {self.name!r}") from None
 
     def _batch(self, step: StepColumns, taken: int, release: Release) -> ChunkBatch:
-        handles = step.handles
-        sessions = list(map(self._names.__getitem__, handles))
+        """The reference: a decoded STEP's slots checked, then viewed."""
+        sessions = list(map(self._names.__getitem__, step.handles))
         if None in sessions:
-            raise WireError(f"STEP names handles {handles}, not all attached")
+            raise WireError(f"STEP names handles {step.handles}, not all attached")
         sample = self.slot.slab.receive_batch(
             self.slot.index, step.slots, step.generations, self._dtype, self._shape
         )
+        return self._batch_of(step, sessions, sample, taken, release)
+
+    def _judged(self, step: StepColumns, first: int, taken: int, release: Release) -> ChunkBatch:
+        """A STEP the C judged as it popped it: viewed from its verdict."""
+        sessions = list(map(self._names.__getitem__, step.handles))
+        if None in sessions:
+            raise WireError(f"STEP names handles {step.handles}, not all attached")
+        every = self._every
+        if every is None:  # (a LayoutError as the reference's, at the first batch)
+            slab = self.slot.slab
+            dt = slab.layout(self._dtype, self._shape)[0]
+            every = self._every = slab.typed(dt, self._shape, True)
+        sample = BatchSample.judged(
+            self.slot.slab, self.slot.index, step.slots, step.generations, every, first
+        )
+        return self._batch_of(step, sessions, sample, taken, release)
+
+    def _batch_of(
+        self,
+        step: StepColumns,
+        sessions: list[str | None],
+        sample: BatchSample,
+        taken: int,
+        release: Release,
+    ) -> ChunkBatch:
+        handles = step.handles
         self._block.histogram.add(taken - step.pushed_ns)
         tokens = list(map(self._tokens.__getitem__, handles))
         lease = SlotLease(self, sample, handles, tokens, self._bindings)

@@ -29,16 +29,20 @@ from rte.protocol.wire import (
     HEADER,
     STEP,
     STEP_AT,
+    STEP_ROW_BYTES,
     RecordType,
+    StepColumns,
     encode_step,
     stamp_pushed,
 )
 from shm import RingCorrupt
 from shm.ring import Ring
-from shm.steps import push_rows
+from shm.slab_core import SlabCore
+from shm.steps import OTHER, RowsReader, push_rows
 
 IN_PLACE = os.environ.get("RTE_PURE_PYTHON", "") != "1"
-"""Whether STEP records go into rings in place (C); ``RTE_PURE_PYTHON=1``: never."""
+"""Whether STEP records go into rings in place (C), and clients judge them as
+they pop them (:func:`step_reader`); ``RTE_PURE_PYTHON=1``: never."""
 
 IN_PLACE_MIN_ROWS = 16
 """The fewest rows :func:`send_step` writes in place: below about 16 the Python
@@ -129,3 +133,37 @@ def send_step(
     pushed = time.monotonic_ns()
     stamp_pushed(encoded, pushed)
     return pushed if send(encoded) else 0
+
+
+# -- the client's side ----------------------------------------------------------
+
+NOT_JUDGED = OTHER
+"""The verdict on every record the Python reference pops: decode it."""
+
+
+def step_reader(ring: Ring, slab: SlabCore, handles: int) -> RowsReader:
+    """The C reader of a client's outbox (``shm_ring_pop_rows``): each record
+    popped is judged in the same call, a STEP whole, its handles below
+    ``handles`` and its slots published in ``slab`` getting the verdict that
+    :func:`judged_step` may read it unchecked."""
+    return RowsReader(ring, slab, RecordType.STEP, STEP_AT, HEADER.size, handles)
+
+
+def judged_step(record: bytes) -> StepColumns:
+    """The columns of a STEP record the C judged whole (:func:`step_reader`):
+    :func:`~rte.protocol.wire.step_columns` without the checks the C made."""
+    n = (len(record) - STEP_AT) // STEP_ROW_BYTES
+    _, flags, emitted, pushed, _ = STEP.unpack_from(record, HEADER.size)
+    view = memoryview(record)
+    words = view[STEP_AT : STEP_AT + 32 * n]
+    return StepColumns(
+        bool(flags & 1),
+        emitted,
+        pushed,
+        words[: 8 * n].cast("Q"),
+        words[8 * n : 16 * n].cast("Q"),
+        words[16 * n : 24 * n].cast("q"),
+        words[24 * n :].cast("q"),
+        view[STEP_AT + 32 * n : STEP_AT + 36 * n].cast("I").tolist(),
+        view[STEP_AT + 36 * n :].cast("I"),
+    )

@@ -869,3 +869,47 @@ uint64_t shm_slab_held(const shm_slab_t *slab, uint64_t owner) {
     return owner < slab->max_owners ? __atomic_load_n(&slab_held(slab)[owner], __ATOMIC_ACQUIRE)
                                     : 0;
 }
+
+/* -- records of rows, popped and judged in one call ------------------------ */
+
+/* Drains up to max_n records as shm_ring_pop_batch does (same return), then
+   judges each as a record of rows, push_rows's layout read back: a head of
+   head_len bytes whose first byte is `type` and whose row count n is the u32 at
+   count_at, then the six columns of n rows, nothing after. info[k] is, for
+   record k: its first slot when n >= 1, the length is exactly that, every
+   handle is below nhandles, every slot is published at its generation in
+   `slab` (acquire: the slots' bytes are visible) and the slots are one
+   ascending run; SHM_ROWS_SCATTERED when all but the run holds; SHM_ROWS_OTHER
+   for any other record and for rows that fail a check (the reader judges
+   those the slow way, which says what is wrong). The columns are read with
+   memcpy: records lie back to back in `out`, not 8-aligned after a notice. */
+int64_t shm_ring_pop_rows(const shm_ring_t *ring, const shm_slab_t *slab, void *out,
+                          uint64_t out_cap, uint64_t *lens, int64_t *info, uint64_t max_n,
+                          uint64_t type, uint64_t head_len, uint64_t count_at, uint64_t nhandles) {
+    int64_t got = shm_ring_pop_batch(ring, out, out_cap, lens, max_n);
+    const uint8_t *rec = (const uint8_t *)out;
+    for (int64_t k = 0; k < got; rec += lens[k], k++) {
+        info[k] = SHM_ROWS_OTHER;
+        const uint64_t len = lens[k];
+        uint32_t n32;
+        if (len < head_len || count_at + 4 > head_len || rec[0] != type) continue;
+        memcpy(&n32, rec + count_at, 4);
+        const uint64_t n = n32;
+        if (n == 0 || len != head_len + n * (8 + 8 + 8 + 8 + 4 + 4)) continue;
+        const uint8_t *col = rec + head_len;
+        int ok = 1, run = 1;
+        uint64_t first = 0;
+        for (uint64_t i = 0; i < n && ok; i++) {
+            uint64_t slot, generation;
+            uint32_t handle;
+            memcpy(&slot, col + 8 * i, 8);
+            memcpy(&generation, col + 8 * (n + i), 8);
+            memcpy(&handle, col + 32 * n + 4 * i, 4);
+            if (i == 0) first = slot;
+            else if (slot != first + i) run = 0;
+            ok = handle < nhandles && shm_slab_is_ready(slab, slot, generation);
+        }
+        if (ok) info[k] = run && first <= INT64_MAX ? (int64_t)first : SHM_ROWS_SCATTERED;
+    }
+    return got;
+}

@@ -34,6 +34,9 @@ enum shm_status {
     SHM_BAD_ARGUMENT = -23
 };
 
+/* What shm_ring_pop_rows says of a record that is not one run of ready rows. */
+enum shm_rows { SHM_ROWS_OTHER = -1, SHM_ROWS_SCATTERED = -2 };
+
 /* A slab slot's state: the low two bits of its state word. */
 enum shm_slot_state { SHM_SLOT_FREE = 0, SHM_SLOT_WRITING = 1, SHM_SLOT_READY = 2 };
 
@@ -135,3 +138,10 @@ int64_t shm_slab_reclaim(const shm_slab_t *slab, uint64_t owner);
 void shm_slab_slot(const shm_slab_t *slab, uint64_t slot, shm_slot_info_t *out);
 void shm_slab_stats(const shm_slab_t *slab, shm_slab_stats_t *out);
 uint64_t shm_slab_held(const shm_slab_t *slab, uint64_t owner);
+
+/* -- records of rows read back: a ring's records popped and each judged (its
+   rows whole, its handles in range, its slots published) in one call: see
+   shm_native.c. */
+int64_t shm_ring_pop_rows(const shm_ring_t *ring, const shm_slab_t *slab, void *out,
+                          uint64_t out_cap, uint64_t *lens, int64_t *info, uint64_t max_n,
+                          uint64_t type, uint64_t head_len, uint64_t count_at, uint64_t nhandles);
