@@ -324,7 +324,9 @@ def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
         try:
             await asyncio.sleep(5)
             got = await first.eval("rtePlay.frames")
-            assert got - count >= 5 * 25, f"the other tab stalled: {got - count} frames in 5 s"
+            # streams on: at least half the 30 Hz pace (a tab held up by the stalled one
+            # would show next to none; 25 a second failed once at 24 under CI's load)
+            assert got - count >= 5 * 15, f"the other tab stalled: {got - count} frames in 5 s"
             assert gateway.memory_info().rss < rss + 32 * 2**20, "the gateway's memory grew"
         finally:
             for pid in stalled:
