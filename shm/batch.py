@@ -7,8 +7,10 @@ one run of adjacent slots whenever one is free, so the batch is one
 device-to-host copy. :meth:`BatchLoan.publish` makes them readable in one call.
 The reader rebuilds the batch from the slot numbers and generations the writer
 sent (:func:`receive_batch`: one call checks every slot is published at that
-generation) and gives it back with :meth:`BatchSample.release`, one call, or
-some rows with :meth:`BatchSample.release_rows`.
+generation; :meth:`BatchSample.judged` when the C checked them as it
+popped their record, :class:`shm.steps.RowsReader`) and gives it back with
+:meth:`BatchSample.release`, one call, or some rows with
+:meth:`BatchSample.release_rows`.
 
 "One run" is :func:`shm.slots.one_run`, which looks at every slot (a merged
 step's ``[10, 12, 11, 13]`` is not one, though its endpoints say so), and it is

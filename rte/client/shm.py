@@ -13,7 +13,12 @@
 it holds at the daemon (:class:`~rte.client.slot.ClientSlot`): requests go out
 on its inbox ring, chunks and notices come back on its outbox ring: one STEP
 record per step, however many sessions, naming the slab slots the engine wrote
-that step's chunks into (one run of slots, read in place as one array). A
+that step's chunks into (one run of slots, read in place as one array). One
+C call pops the records and judges each STEP (whole, its handles in range, its
+slots published: :func:`~rte.protocol.steps.step_reader`), and the batch is
+viewed from that verdict; a record that fails a check, and every record with
+``judging`` off (``RTE_PURE_PYTHON=1``), goes through the Python reference,
+which decodes and checks it itself and says what is wrong. A
 released batch goes back in one C call; the transport counts what was consumed
 per session in its credit block, and rings the daemon's doorbell only when the
 daemon sleeps for want of this client's credits.
@@ -80,6 +85,11 @@ class ShmTransport(Transport):
     """Requests and arrivals through this client's slot at daemon ``name``.
 
     Args: as :class:`ShmClient`.
+
+    Attributes:
+        judging: whether records are popped and judged in C (the default), or
+            decoded by the Python reference (``RTE_PURE_PYTHON=1``, or set False).
+        reader: the outbox's C reader (:func:`~rte.protocol.steps.step_reader`).
     """
 
     def __init__(
