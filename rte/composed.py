@@ -201,6 +201,21 @@ class ComposedEngine:
         self._membership.free(row)
         return state
 
+    def suspend_many(self, sessions: list[str]) -> dict[str, SessionState]:
+        """:meth:`suspend` of several sessions at once (one export call, one decode of
+        their chunks in flight): a checkpoint of many costs about one's. On an error
+        none is taken out (but for a failed decode, as ``suspend``)."""
+        self._check_open()
+        rows = [self._arena.lookup(session) for session in sessions]
+        for row in rows:
+            self._suspension.check(row.session)
+            self._membership.settle_encodes(row)
+        rows = [self._arena.lookup(session) for session in sessions]  # (their own failures)
+        states = self._suspension.take_out_many(rows)
+        for row in rows:
+            self._membership.free(row)
+        return {state.session: state for state in states}
+
     def resume(self, session: str, state: SessionState) -> None:
         """Give ``session`` a row again as ``state`` left it: it goes on at its next
         chunk index, its frames those of a session never suspended. AdmissionError

@@ -67,42 +67,59 @@ class Suspension:
         """The state of ``row`` (its encode settled); the model has forgotten the row
         when this returns, and the engine frees it. On an error nothing changed, but
         for a failed decode (the failure boundary: every in-flight chunk discarded)."""
-        identity = self.check(row.session)
-        for what, values in (("conditioning", row.conditioning), ("staged change", row.staged)):
-            try:
-                encode_value(values)
-            except WireError as exc:
-                raise StateError(
-                    f"session {row.session!r} cannot be suspended: its {what} cannot be kept "
-                    f"in a state ({exc}); detach it instead"
-                ) from None
-        state: RowState | None = None
-        if row.armed:
+        return self.take_out_many([row])[0]
+
+    def take_out_many(self, rows: list[Row]) -> list[SessionState]:
+        """:meth:`take_out` of several rows at once, in one export call and one decode
+        of their chunks in flight (a checkpoint of many sessions costs about one's)."""
+        identity = self.check(rows[0].session)
+        for row in rows:
+            self.check(row.session)
+            for what, values in (("conditioning", row.conditioning), ("staged change", row.staged)):
+                try:
+                    encode_value(values)
+                except WireError as exc:
+                    raise StateError(
+                        f"session {row.session!r} cannot be suspended: its {what} cannot be "
+                        f"kept in a state ({exc}); detach it instead"
+                    ) from None
+        armed = [row for row in rows if row.armed]
+        states: dict[int, RowState] = {}
+        if armed:
             exported: list[RowState] = []
-            batch = self._arena.batch([row], [row.conditioning])
+            batch = self._arena.batch(armed, [row.conditioning for row in armed])
             self._lanes.run(
                 Lane.HOT, lambda b: exported.extend(self._model.export_rows(b.rows)), batch
             )
-            state = exported[0]
+            states = {row.index: state for row, state in zip(armed, exported, strict=True)}
         pipeline = self._pipeline
         try:
-            decoded = pipeline.decode_apart(pipeline.output.take([row.index]), self._apart)
+            taken = pipeline.output.take([row.index for row in rows])
+            decoded = pipeline.decode_apart(taken, self._apart)
         except BaseException:
             pipeline.fail()
             raise
-        if row.armed:
+        for row in armed:
             self._lanes.run(Lane.HOT, self._model.detach, row.index)
-        return SessionState(
-            session=row.session,
-            model=identity,
-            chunk=int(self._arena.age[row.index]),
-            armed=row.armed,
-            conditioning=copy.deepcopy(row.conditioning),
-            staged=copy.deepcopy(row.staged),
-            row=state,
-            pending=tuple(np.array(out) for batch in decoded for out in batch.out),
-            latent=(self._manifest.latent_dtype, tuple(self._manifest.latent_shape)),
-        )
+        return [
+            SessionState(
+                session=row.session,
+                model=identity,
+                chunk=int(self._arena.age[row.index]),
+                armed=row.armed,
+                conditioning=copy.deepcopy(row.conditioning),
+                staged=copy.deepcopy(row.staged),
+                row=states.get(row.index),
+                pending=tuple(
+                    np.array(out)
+                    for batch in decoded
+                    for index, out in zip(batch.rows, batch.out, strict=True)
+                    if index == row.index
+                ),
+                latent=(self._manifest.latent_dtype, tuple(self._manifest.latent_shape)),
+            )
+            for row in rows
+        ]
 
     def put_back(self, index: int, session: str, state: SessionState) -> Row:
         """Give free row ``index`` to ``session`` as ``state`` left it; StateError (no

@@ -138,3 +138,45 @@ def test_the_restarted_daemon_keeps_a_dead_checkpoint_until_its_session_is_back(
         assert any(".k" in r for r in removed) and names.checkpoints() == {}
     finally:
         names.remove_leftovers()
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "flat"])
+def test_sessions_checkpointed_in_one_step_stream_on_as_their_twins(
+    shm_prefix: str, pipelined: bool
+) -> None:
+    """Sessions due a checkpoint in the same step are taken out together (one export,
+    one decode of their chunks in flight: ComposedEngine.suspend_many) and put back:
+    every frame is still the twin's, and each one's checkpoint is in the segment."""
+    from rte import Attach, ServeLoop  # noqa: PLC0415
+    from rte.ipc.checkpoints import Checkpoints  # noqa: PLC0415
+
+    def frames(every: int) -> tuple[dict[str, dict[int, Any]], list[str]]:
+        engine = ComposedEngine(LearnedWorldModel(3, pipelined=pipelined))
+        loop = ServeLoop(engine, admission="rows")
+        writer = Checkpoints(DaemonNames(shm_prefix), every, 3) if every else None
+        made: dict[str, dict[int, Any]] = {}
+        try:
+            for s in ("a", "b", "c"):
+                loop.handle(Attach(s, {"prompt": f"a forest {s}"}))
+            for _ in range(12):
+                due = loop.sessions
+                for r in loop.step(due):
+                    if getattr(r, "has_chunk", False):
+                        made.setdefault(r.session, {})[r.chunk] = np.array(r.latent)
+                engine.lanes.drain()
+                if writer is not None:
+                    writer.after_step(loop, due)
+            kept = sorted(writer._slots) if writer is not None else []
+            return made, kept
+        finally:
+            if writer is not None:
+                writer.close()
+            engine.close()
+
+    twin, _ = frames(0)
+    checkpointed, kept = frames(2)
+    assert kept == ["a", "b", "c"]
+    for s in ("a", "b", "c"):
+        assert sorted(checkpointed[s]) == sorted(twin[s]) and len(twin[s]) >= 9, s
+        for chunk, frame in twin[s].items():
+            np.testing.assert_array_equal(checkpointed[s][chunk], frame, err_msg=f"{s} {chunk}")

@@ -75,11 +75,17 @@ def _frames(results: list[Any], into: dict[str, dict[int, np.ndarray]]) -> None:
 
 
 def _run(
-    make: Callable[[], StageModel], *, suspend: str | None, through_bytes: bool, elsewhere: bool
+    make: Callable[[], StageModel],
+    *,
+    suspend: str | None,
+    through_bytes: bool,
+    elsewhere: bool,
+    together: bool = False,
 ) -> dict[str, dict[int, np.ndarray]]:
     """Each session's frames by chunk index over the script; ``suspend``: that session
     is suspended after SUSPEND_AT steps, sits out two, and is resumed (in a fresh
-    engine when ``elsewhere``, its bystander following it there)."""
+    engine when ``elsewhere``, its bystander following it there; ``together``: both
+    taken out in one ``suspend_many``, as a checkpoint of many takes them)."""
     model = make()
     engine = ComposedEngine(model)
     prompts = {"a": "a meadow", "b": "a desert"}
@@ -89,9 +95,10 @@ def _run(
     parked: dict[str, Any] = {}
     for step in range(STEPS):
         if suspend and step == SUSPEND_AT:
-            moving = ["a", "b"] if elsewhere else [suspend]
+            moving = ["a", "b"] if elsewhere or together else [suspend]
+            taken = engine.suspend_many(moving) if together else {}
             for s in moving:
-                state = engine.suspend(s)
+                state = taken[s] if together else engine.suspend(s)
                 parked[s] = SessionState.from_bytes(state.to_bytes()) if through_bytes else state
             if elsewhere:
                 engine.close()
@@ -129,6 +136,28 @@ def test_a_resumed_session_makes_the_frames_of_its_never_suspended_twin(
         assert len(resumed["a"]) == len(twin["a"]) - 2  # it sat out two steps
     if name != "null":
         assert not np.array_equal(twin["a"][3], twin["b"][3])
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "flat"])
+@pytest.mark.parametrize("name", ["reference", "world"])
+def test_sessions_taken_out_together_make_the_frames_of_their_twins(
+    name: str, pipelined: bool
+) -> None:
+    """``suspend_many`` (a checkpoint of many sessions: one export, one decode of
+    their chunks in flight) gives each the state its own ``suspend`` would."""
+
+    def make() -> StageModel:
+        return MODELS[name](pipelined)
+
+    twin = _run(make, suspend=None, through_bytes=False, elsewhere=False)
+    for elsewhere in (False, True):
+        resumed = _run(make, suspend="a", through_bytes=True, elsewhere=elsewhere, together=True)
+        for s in ("a", "b"):
+            made = resumed[s]
+            assert sorted(made) == list(range(len(made))), (s, sorted(made))
+            assert len(made) == len(twin[s]) - 2, (s, sorted(made))  # both sat out two steps
+            for chunk, frame in made.items():
+                assert np.array_equal(frame, twin[s][chunk]), (name, s, chunk, elsewhere)
 
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "flat"])

@@ -86,16 +86,36 @@ class Checkpoints:
             self._epochs.pop(session, None)
         for session in [s for s in self._steps if s not in attached]:
             del self._steps[session]
+        due = []
         for session in stepped:
             n = self._steps[session] = self._steps.get(session, 0) + 1
             if n % self.every == 0 and session not in loop.parking:
-                self.write(loop, session)
-
-    def write(self, loop: ServeLoop, session: str) -> None:
-        """Checkpoint ``session`` now (at a step boundary)."""
+                due.append(session)
+        if not due:
+            return
         engine: Any = loop.engine  # suspend/resume: past the Engine protocol
-        state: SessionState = engine.suspend(session)
-        engine.resume(session, state)  # back at the same boundary (a free row: its own)
+        many = getattr(engine, "suspend_many", None)
+        if many is None or len(due) == 1:
+            for session in due:
+                self.write(loop, session)
+            return
+        try:  # all at once: one export, one decode of their chunks in flight
+            states: dict[str, SessionState] = many(due)
+        except StateError:  # one cannot: each on its own (its own refusal logged)
+            for session in due:
+                self.write(loop, session)
+            return
+        for session in due:
+            engine.resume(session, states[session])  # back at the same boundary
+        for session in due:
+            self.write(loop, session, states[session])
+
+    def write(self, loop: ServeLoop, session: str, state: SessionState | None = None) -> None:
+        """Checkpoint ``session`` now (at a step boundary); ``state``: already taken."""
+        if state is None:
+            engine: Any = loop.engine  # suspend/resume: past the Engine protocol
+            state = engine.suspend(session)
+            engine.resume(session, state)  # back at the same boundary (a free row: its own)
         try:
             data = dataclasses.replace(state, host=loop.host_state(session)).to_bytes()
         except StateError as exc:
