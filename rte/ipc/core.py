@@ -55,7 +55,7 @@ from rte.composed import ComposedEngine
 from rte.errors import EngineFault
 from rte.ipc.allocator import SlabAllocator
 from rte.ipc.checkpoints import Checkpoints
-from rte.ipc.clients import ClientTable
+from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.departures import Departures
 from rte.ipc.draining import Draining
 from rte.ipc.figures import FLUSH_NS, publish_realtime
@@ -78,6 +78,7 @@ IDLE_SLEEP_NS = 50_000_000  # the longest sleep: the loop must come round to bea
 # the longest sleep while sessions are attached: the figures' steps kept older
 # than this are counted before it (none then waits past FLUSH_NS, see _before_sleep)
 ATTACHED_SLEEP_NS = FLUSH_NS // 2
+NAP_CHECK_S = 0.05  # a paced nap looks at ``stopping`` at least this often
 IDLE_CHECK_EVERY_S = 0.01  # idle and flooding clients are looked for this often
 BEAT_EVERY_S = 0.001  # the heartbeat and the step and chunk counters are written this often
 IDLE_SPIN_FLOOR_NS = 50_000  # the idle wait spins at least this long while sessions are attached
@@ -207,25 +208,30 @@ class DaemonCore:
             publish_realtime(self.control, self.loop, self.settings.pace_hz)
             self._publish_parked()
         for connection in list(self.table.connections.values()):  # 2.
-            try:
-                if connection.backlog:
-                    connection.flush()
-                if connection.dropped and not connection.backlog:
-                    self.out.tell_dropped(connection)
-                if connection.inbox.used():
-                    self.intake.drain(connection)
-            except EngineFault:
-                raise  # the device failed for everyone: fail closed
-            except Exception:  # one client's traffic never ends the loop for everyone
-                log.exception("client %d broke the protocol: disconnected", connection.index)
-                reason = "disconnected: protocol error"
-                self.departures.reap(connection, reason=reason, revoked=True)
+            self._serve(connection)
         stepped = self._step()  # 3.
         if now >= self._next_idle_check:  # 4.
             self._next_idle_check = now + IDLE_CHECK_EVERY_S
             self.departures.idle_and_flooding(now, self.settings.idle_limit_s)
             self.out.deliver(self.loop.park_idle(), None)  # (news for their owners)
         return stepped
+
+    def _serve(self, connection: Connection, requests_only: bool = False) -> None:
+        """A client's backlog flushed and its requests handled (only those, given
+        ``requests_only``); a client that breaks the protocol is disconnected."""
+        try:
+            if connection.backlog and not requests_only:
+                connection.flush()
+            if connection.dropped and not connection.backlog and not requests_only:
+                self.out.tell_dropped(connection)
+            if connection.inbox.used():
+                self.intake.drain(connection)
+        except EngineFault:
+            raise  # the device failed for everyone: fail closed
+        except Exception:  # one client's traffic never ends the loop for everyone
+            log.exception("client %d broke the protocol: disconnected", connection.index)
+            reason = "disconnected: protocol error"
+            self.departures.reap(connection, reason=reason, revoked=True)
 
     def _step(self) -> bool:
         """Step the due sessions and deliver their chunks; False when none was due."""
@@ -343,10 +349,21 @@ class DaemonCore:
 
     def _nap(self, stopping: threading.Event, seconds: float) -> bool:
         """The paced wait's sleep (see :meth:`rte.realtime.Pacer.wait`), True when
-        stopping; the pacer spins the rest to the tick without yielding. (A spin
+        stopping: asleep on the clients' inboxes, their requests answered as they
+        come; the pacer spins the rest to the tick without yielding. (A spin
         that yielded the core every 100 µs let a busy neighbour run a time slice
         through the tick: turns began 1.4 to 11 ms late on a loaded 2-core box.)"""
-        return stopping.wait(seconds)
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not stopping.is_set():
+            # a request that comes meanwhile (an export, an attach: a session moving
+            # between paced daemons) is answered now, not at the next tick
+            connections = list(self.table.connections.values())
+            if not wait_any([c.inbox for c in connections], self.bell, min(left, NAP_CHECK_S)):
+                continue
+            for connection in connections:
+                if connection.index in self.table.connections and connection.inbox.used():
+                    self._serve(connection, requests_only=True)
+        return stopping.is_set()
 
     def _woken(self) -> bool:
         """Other reasons not to sleep: a session could step, or a client is claiming."""
