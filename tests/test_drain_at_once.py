@@ -26,6 +26,9 @@ from rte.contract import NoticeKind
 from rte.protocol.names import DaemonNames
 
 MOVED = [f"m{i}" for i in range(8)]  # the sessions of the frozen daemon
+# 9 rows; 2 client slots of 24 input slots each (--input-slots counts the daemon's)
+SPARE_SLOTS = ("--max-sessions", "9", "--max-clients", "2", "--input-slots", "48")
+SPARE_SLOTS += ("--input-slot-kib", "256")
 
 
 @pytest.fixture
@@ -33,7 +36,9 @@ def frozen_pair(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
     """Two daemons of the reference model, nine rows each (the SIGSTOPped one is
     always sent SIGCONT on the way out)."""
     started = [
-        DaemonProcess(f"{shm_prefix}f-{i}", "--model", "reference", "--max-sessions", "9")
+        # (input slots to spare: every export holds one until its answer, and slots
+        # the daemon gives back at its turns must not decide whether all 8 go at once)
+        DaemonProcess(f"{shm_prefix}f-{i}", "--model", "reference", *SPARE_SLOTS)
         for i in range(2)
     ]
     yield started
@@ -42,6 +47,21 @@ def frozen_pair(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
             os.kill(d.pid, signal.SIGCONT)
             assert d.stop() == 0, d.stderr
         DaemonNames(d.name).remove_leftovers()
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (a signal is not synchronous: the
+    daemon could take a request or two first, and the test's premise is gone)."""
+    os.kill(pid, signal.SIGSTOP)
+    limit = Deadline(10, "the daemon stopped")
+    while _proc_state(pid) != "T":
+        limit.check()
+        time.sleep(0.001)
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def _placed(client: PoolClient, old: str, new: str) -> None:
@@ -67,7 +87,12 @@ def _chunks(client: Any, chunks: dict[str, list[int]], timeout: float = 0.1) -> 
 
 def _seen(client: Any, name: str, chunks: dict[str, list[int]]) -> str:
     counts = {s: len(got) for s, got in chunks.items()}
-    return f"(inbox {_waiting(client, name)}, chunks {counts})"
+    flights = getattr(client, "_drained", None)
+    moving = ""
+    if flights is not None:
+        queued = [m.session for m, _, _ in flights._queued]
+        moving = f", in flight {sorted(flights._flights)}, queued {queued}"
+    return f"(inbox {_waiting(client, name)}, chunks {counts}{moving})"
 
 
 def _no_gap(chunks: dict[str, list[int]]) -> None:
@@ -81,7 +106,7 @@ def test_pool_drain_sends_every_export_before_any_answer(
     old, new = frozen_pair
     with connect_pool([d.name for d in frozen_pair], timeout=30) as client:
         _placed(client, old.name, new.name)
-        os.kill(old.pid, signal.SIGSTOP)
+        _stop(old.pid)
         moved: dict[str, str] = {}
         drain = threading.Thread(target=lambda: moved.update(client.drain(old.name, timeout=20)))
         drain.start()
@@ -117,7 +142,7 @@ def test_a_drained_daemons_moves_wait_together_while_the_others_stream(
             limit.check()
             notices += EngineClient.notices(client)  # (receives, moves nothing)
             time.sleep(0.02)
-        os.kill(old.pid, signal.SIGSTOP)
+        _stop(old.pid)
         chunks: dict[str, list[int]] = {}
         try:
             limit = Deadline(10, "the moves waiting together, the other session streaming")
@@ -128,7 +153,7 @@ def test_a_drained_daemons_moves_wait_together_while_the_others_stream(
             os.kill(old.pid, signal.SIGCONT)
         limit = Deadline(what="rte drain")
         while drain.poll() is None or any(len(chunks.get(s, [])) < 3 for s in MOVED):
-            limit.check()
+            limit.check(f"{_seen(client, old.name, chunks)} homes {client.home}")
             _chunks(client, chunks)
             notices += client.notices()
         _, err = drain.communicate()
@@ -154,7 +179,7 @@ def test_the_asyncio_drain_sends_every_export_at_once_while_a_task_streams(
                 want = new.name if session == "s" else old.name
                 if client.transport.home[session] != want:  # type: ignore[attr-defined]
                     await client.migrate(session, to=want)
-            os.kill(old.pid, signal.SIGSTOP)
+            _stop(old.pid)
             drain = asyncio.create_task(client.drain(old.name, timeout=20))
             try:
                 limit = Deadline(10, "the exports together, the other session streaming")

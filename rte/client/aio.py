@@ -46,7 +46,7 @@ from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.in_flight import Landed, MovesInFlight
 from rte.client.inputs import InputLoan
 from rte.client.loop_wait import LoopWait
-from rte.client.migration import Move, drain_moves, outcome, start_due
+from rte.client.migration import DRAIN_MOVE_S, Move, drain_moves, outcome, start_due
 from rte.client.pool import PoolTransport
 from rte.client.transport import Transport
 from rte.contract import Manifest, Notice, NoticeKind
@@ -235,7 +235,7 @@ class AsyncClient:
         pool = self._over_pool()
         return outcome(await self._fly(drain_moves(pool, self.sessions, name), timeout))
 
-    async def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
+    async def move_drained(self, *, timeout: float = DRAIN_MOVE_S) -> dict[str, str]:
         """As :meth:`PoolClient.move_drained` (``poll`` and ``poll_batch`` call it,
         and take the answers of the moves on their way while they wait; it never
         awaits, so no task enters it while another is in it)."""

@@ -167,6 +167,8 @@ class MovesInFlight:
             return True
         now, core = time.monotonic(), self._core
         flights = self._flights.values()
+        if self._queued and not any(isinstance(f.request, Export) for f in flights):
+            return True  # waiting for an input slot, and no export will give one back
         return any(core.answered(f.request.seq) or f.deadline <= now for f in flights)
 
     def wait_s(self) -> float:

@@ -65,6 +65,10 @@ if TYPE_CHECKING:
     from rte.client.pool import PoolTransport
 
 MOVE_RETRY_S = 1.0  # a drained session that could not move is tried again this often
+# how long each request of a drain's move waits for its answer: long, for an export
+# given up on is still carried out by its daemon when it comes round (its state is
+# then lost: see the closing note of issue 25), and a drain is for a restart
+DRAIN_MOVE_S = 30.0
 
 
 class MigrationError(AdmissionError):
@@ -332,7 +336,7 @@ class Migrating(EngineClient):
             news += self._core.drain_notices()
         return news
 
-    def move_drained(self, *, timeout: float = 5.0) -> dict[str, str]:
+    def move_drained(self, *, timeout: float = DRAIN_MOVE_S) -> dict[str, str]:
         """Start the move of each session whose daemon said it drains (all at once)
         and take the answers of those on their way (``poll`` and the others call
         it); session -> where it went, of those that landed now. Never waits,
