@@ -210,9 +210,22 @@ class BatchSample(_Slots):
         generations: Words,
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
+        verdict: tuple[np.ndarray[Any, Any], int] | None = None,
     ) -> None:
         super().__init__(slab, owner, slots, generations)
-        self._contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
+        if verdict is None:
+            self._contiguous, self.block, self._rows = _rows(slab, slots, dtype, shape, True, False)
+        else:  # (see judged)
+            every, first = verdict
+            if first >= 0:
+                self._contiguous, self.block, self._rows = (
+                    True,
+                    every[first : first + len(slots)],
+                    [],
+                )
+            else:
+                self._contiguous, self.block = False, None
+                self._rows = [every[s] for s in slots.tolist()]
         self._held: np.ndarray[Any, Any] | None = None  # per-row flags once one row is released
 
     @classmethod
@@ -230,19 +243,8 @@ class BatchSample(_Slots):
         run's first slot, or negative when the slots are not one run (the C
         looked at every slot, as :func:`one_run` does); ``every``: the slab's
         read-only :meth:`~shm.slab_core.SlabCore.typed` view."""
-        sample = cls.__new__(cls)
-        _Slots.__init__(sample, slab, owner, slots, generations)
-        if first >= 0:
-            sample._contiguous, sample.block, sample._rows = (
-                True,
-                every[first : first + len(slots)],
-                [],
-            )
-        else:
-            sample._contiguous, sample.block = False, None
-            sample._rows = [every[s] for s in slots.tolist()]
-        sample._held = None
-        return sample
+        shape = tuple(every.shape[1:])
+        return cls(slab, owner, slots, generations, every.dtype, shape, verdict=(every, first))
 
     @property
     def rows(self) -> list[np.ndarray[Any, Any]]:
