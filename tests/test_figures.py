@@ -140,18 +140,39 @@ def test_steps_counted_together_are_the_figures_of_one_update_per_step(seed: int
         )
         kept.emitted(handles, now, applied)
         _counted_one_step_at_a_time(reference, handles, now, applied)
-        if rng.random() < 0.2:  # an action between steps: it is counted in order
-            seq += 1
+        for _ in range(int(rng.integers(0, 3)) if rng.random() < 0.4 else 0):
+            seq += 1  # actions between steps (a few at once): counted in order
             h = int(rng.integers(0, 12))
             kept.acted(h, seq, now + 1)
             reference.words[h, 8:10] = (
                 (seq, now + 1) if reference.words[h, 8] == 0 else reference.words[h, 8:10]
             )
+        if rng.random() < 0.05:  # a flush now and then, as the daemon's waits make
+            kept.flush()
     kept.flush()
     assert kept.photons.sum() > 0 and kept.gaps.sum() > 1000  # (it counted both)
     assert np.array_equal(kept.words, reference.words)
     assert np.array_equal(kept.gaps, reference.gaps)
     assert np.array_equal(kept.photons, reference.photons)
+
+
+def test_an_action_is_kept_with_the_steps_and_times_the_chunk_that_applied_it() -> None:
+    """An action received while steps are kept does not count them then (that
+    flush per action was a quarter of a flat daemon's time when its client
+    acted every few steps); counted later, it times the chunk that applied it,
+    not one before it."""
+    f = _figures()
+    f.bound(0, "a", T0)
+    f.emitted(np.array([0]), T0, [0])
+    f.acted(0, 1, T0 + 10)
+    assert int(f.words[0, 4]) == 0  # the step is still kept: nothing was counted
+    f.emitted(np.array([0]), T0 + P, [0])  # emitted after the action, not applying it
+    f.emitted(np.array([0]), T0 + 2 * P, [1])  # the one that applied it
+    f.acted(0, 2, T0 + 2 * P + 10)  # pending after the last step kept
+    f.flush()
+    assert int(f.words[0, 4]) == 3 and int(f.words[0, 10]) == 1  # CHUNKS, PHOTONS
+    assert f.session(0, T0 + 2 * P)["photon_p50_ms"] == pytest.approx(2 * P / 1e6, rel=0.15)
+    assert (int(f.words[0, 8]), int(f.words[0, 9])) == (2, T0 + 2 * P + 10)  # PENDING
 
 
 def test_kept_steps_are_counted_before_anything_reads_or_rebinds() -> None:

@@ -92,6 +92,8 @@ class SessionFigures:
         self._late_ns = int(period_ns * ON_TIME_PERIODS) if period_ns else 1 << 62
         self._steps: list[tuple[np.ndarray[Any, Any], int, list[int] | None]] = []
         self._since_ns = 0  # when the oldest step kept was emitted
+        # actions received while steps are kept: (steps kept before it, handle, seq, ns)
+        self._acts: list[tuple[int, int, int, int]] = []
 
     # -- the writer (the daemon's serve thread) ---------------------------------
 
@@ -142,7 +144,10 @@ class SessionFigures:
         are those of one update per step, in order (tests/test_figures.py holds the
         two equal), for about the NumPy calls of one."""
         steps, self._steps = self._steps, []
+        acts, self._acts = self._acts, []
         if not steps:
+            for _, handle, seq, now_ns in acts:
+                self._pend(handle, seq, now_ns)
             return
         w = self.words
         sizes = [len(h) for h, _, _ in steps]
@@ -168,14 +173,59 @@ class SessionFigures:
         later = ~first
         if later.any():
             np.add.at(self.gaps, (h[later], _buckets(gaps[later])), 1)
-        if any(a is not None for _, _, a in steps):
-            seqs = np.concatenate(
-                [
-                    np.full(n, -1, np.int64) if a is None else np.asarray(a, np.int64)
-                    for n, (_, _, a) in zip(sizes, steps, strict=True)
-                ]
-            )[order]
+        if not acts and all(a is None for _, _, a in steps):
+            return
+        seqs = np.concatenate(
+            [
+                np.full(n, -1, np.int64) if a is None else np.asarray(a, np.int64)
+                for n, (_, _, a) in zip(sizes, steps, strict=True)
+            ]
+        )[order]
+        if not acts:
             self._photons(h, t, seqs)
+            return
+        acting = np.array(sorted({handle for _, handle, _, _ in acts}), np.intp)
+        others = ~np.isin(h, acting)
+        if others.any():
+            self._photons(h[others], t[others], seqs[others])
+        step_of = np.repeat(np.arange(len(steps)), sizes)[order]
+        self._photons_in_order(acting, acts, h, t, seqs, step_of)
+
+    def _photons_in_order(
+        self,
+        acting: np.ndarray[Any, Any],
+        acts: list[tuple[int, int, int, int]],
+        h: np.ndarray[Any, Any],
+        t: np.ndarray[Any, Any],
+        seqs: np.ndarray[Any, Any],
+        step_of: np.ndarray[Any, Any],
+    ) -> None:
+        """The photons of the handles that acted while steps were kept: their chunks
+        (``h`` sorted, in time order per handle; ``step_of`` each one's step) and
+        actions taken in the order they came, one handle at a time in Python (a few
+        rows each, where the NumPy calls of an update cost tens of us)."""
+        lows = np.searchsorted(h, acting, "left").tolist()
+        highs = np.searchsorted(h, acting, "right").tolist()
+        for handle, lo, hi in zip(acting.tolist(), lows, highs, strict=True):
+            its = [(at, seq, ns) for at, a, seq, ns in acts if a == handle]
+            row = self.words[handle]
+            pending, since = int(row[Word.PENDING_SEQ]), int(row[Word.PENDING_NS])
+            j = 0
+            rows = (step_of[lo:hi].tolist(), t[lo:hi].tolist(), seqs[lo:hi].tolist())
+            chunks = zip(*rows, strict=True)
+            for step, emitted_ns, seq in chunks:
+                while j < len(its) and its[j][0] <= step:  # actions before this step
+                    if pending == 0:
+                        pending, since = its[j][1], its[j][2]
+                    j += 1
+                if pending > 0 and seq >= pending:
+                    self.photons[handle, latency.bucket(emitted_ns - since)] += 1
+                    row[Word.PHOTONS] += 1
+                    pending = 0
+            for _, seq, ns in its[j:]:  # after the last step kept
+                if pending == 0:
+                    pending, since = seq, ns
+            row[Word.PENDING_SEQ], row[Word.PENDING_NS] = pending, since
 
     def _photons(self, h: np.ndarray[Any, Any], t: np.ndarray[Any, Any], seqs: Any) -> None:
         """The chunks (handle ``h``, emitted at ``t``, in order per handle) carry receipts
@@ -192,8 +242,17 @@ class SessionFigures:
         self.words[which, Word.PENDING_SEQ] = 0
 
     def acted(self, handle: int, seq: int, now_ns: int) -> None:
-        """An action ``seq`` of the session was received (timed if none is pending)."""
-        self.flush()
+        """An action ``seq`` of the session was received (timed if none is pending).
+        Kept, in order with the steps kept (a flush for each action was a quarter
+        of a flat daemon's time when its client acted every few steps; py-spy)."""
+        if not self._steps:
+            self._pend(handle, seq, now_ns)
+            return
+        self._acts.append((len(self._steps), handle, seq, now_ns))
+        if len(self._acts) >= FLUSH_STEPS:
+            self.flush()
+
+    def _pend(self, handle: int, seq: int, now_ns: int) -> None:
         row = self.words[handle]
         if row[Word.PENDING_SEQ] == 0:
             row[Word.PENDING_SEQ] = seq
