@@ -99,12 +99,18 @@ RECORD = recorder('document.getElementById("view")')  # what the page's canvas s
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Headless Chromium; yields its DevTools address, http://127.0.0.1:PORT."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
+    yield from chromium(CHROMIUM_FLAGS, tmp_path_factory.mktemp("chromium-profile"))
+
+
+def chromium(flags: list[str], profile: Path) -> Iterator[str]:
+    """Headless Chromium run with ``flags`` and its profile in ``profile`` (the
+    browser fixtures of test_play and test_webrtc); yields its DevTools address,
+    then fails if it contacted more than this machine, and stops it with its helpers."""
+    found = shutil.which("chromium")
+    if found is None:
         pytest.fail(f"no chromium on PATH: install it with `bash {INSTALL}` (as root)")
-    profile = tmp_path_factory.mktemp("chromium-profile")
     log = child_log()  # closed below
-    command = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
+    command = [found, *flags, f"--user-data-dir={profile}", "about:blank"]
     process = subprocess.Popen(  # a process group of its own: its helpers go with it
         command,
         stdin=subprocess.DEVNULL,
@@ -114,15 +120,14 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     try:
         deadline = time.monotonic() + 20
-        while True:
-            found = re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", said(log))
-            if found:
-                break
+        while not (
+            listening := re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", said(log))
+        ):
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"chromium did not start (exit {process.poll()}): {said(log)[-2000:]}")
             time.sleep(0.05)
-        yield f"http://{found.group(1)}"
-        elsewhere = _remote_peers(process.pid)
+        yield f"http://{listening.group(1)}"
+        elsewhere = remote_peers(process.pid)
         assert not elsewhere, f"chromium contacted more than this machine: {elsewhere}"
     finally:
         process.terminate()
@@ -136,8 +141,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-def _remote_peers(pid: int) -> list[str]:
-    """The peers of the browser's open connections that are not 127.0.0.1."""
+def remote_peers(pid: int) -> list[str]:
+    """The peers of the open connections of process ``pid`` and its children that
+    are not 127.0.0.1."""
     peers = []
     with contextlib.suppress(psutil.NoSuchProcess):
         browser = psutil.Process(pid)
@@ -152,6 +158,8 @@ def _remote_peers(pid: int) -> list[str]:
 class Page:
     """One page target, spoken to over its own DevTools WebSocket."""
 
+    record = RECORD  # what ``frames`` installs: a recorder of the page's canvas
+
     def __init__(self, http: aiohttp.ClientSession, devtools: str, target: dict[str, Any]):
         self.http, self.devtools, self.id = http, devtools, target["id"]
         self.url: str = target["webSocketDebuggerUrl"]
@@ -164,6 +172,13 @@ class Page:
     async def open(cls, http: aiohttp.ClientSession, devtools: str, url: str) -> Page:
         async with http.put(f"{devtools}/json/new?{url}") as response:
             target = await response.json()
+        return await cls.attach(http, devtools, target)
+
+    @classmethod
+    async def attach(
+        cls, http: aiohttp.ClientSession, devtools: str, target: dict[str, Any]
+    ) -> Page:
+        """The page of ``target`` (a DevTools target), once it has loaded ``rtePlay``."""
         page = cls(http, devtools, target)
         page.ws = await http.ws_connect(page.url, max_msg_size=0)
         page._reader = asyncio.create_task(page._read())
@@ -205,6 +220,19 @@ class Page:
             await asyncio.sleep(0.05)
         return value
 
+    async def message(self, what: str) -> Any:
+        """The text of the page's message, once it is shown; fails after 10 s."""
+        return await self.until(
+            "(() => { const m = document.getElementById('message');"
+            " return !m.hidden && m.innerText; })()",
+            what,
+        )
+
+    async def streams_on(self, what: str) -> None:
+        """Until the page has shown 5 frames more than it has now."""
+        count = await self.eval("rtePlay.frames")
+        await self.until(f"rtePlay.frames > {count} + 5", what)
+
     async def press(self, key: dict[str, Any], hold_s: float = 0.03) -> None:
         await self.call("Input.dispatchKeyEvent", type="keyDown", **key)
         await asyncio.sleep(hold_s)
@@ -212,7 +240,7 @@ class Page:
 
     async def frames(self, seconds: float) -> list[tuple[int, np.ndarray[Any, Any]]]:
         """What the canvas showed, frame by frame, for ``seconds``: (chunk, (h, w, 3))."""
-        await self.eval(RECORD)
+        await self.eval(self.record)
         await asyncio.sleep(seconds)
         return await self.recorded()
 
@@ -295,10 +323,16 @@ class Play:
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
     """A paced daemon of the trained world model, named from the test's prefix."""
+    yield from world_daemon(f"{shm_prefix}play")
+
+
+def world_daemon(name: str) -> Iterator[DaemonProcess]:
+    """A paced daemon ``name`` of the trained world model (the daemon fixtures of
+    test_play and test_webrtc), stopped after the test unless it has ended."""
     # admission by rows: these tests are of the browser path, and a loaded box can
     # measure the real-time capacity below the tabs they open (its own tests: test_realtime)
     args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4", "--admission", "rows")
-    process = DaemonProcess(f"{shm_prefix}play", *args)
+    process = DaemonProcess(name, *args)
     yield process
     if process.process.poll() is None:
         process.stop()
@@ -425,11 +459,7 @@ def test_frames_keys_prompt_and_refusals_in_the_page(
         assert max(errors) < BOUND, f"not the lava world at night: {errors}"
 
         await page.eval("rtePlay.send({prompt: 5})")  # refused by the daemon, shown in the page
-        text = await page.until(
-            "(() => { const m = document.getElementById('message');"
-            " return !m.hidden && m.innerText; })()",
-            "the refusal",
-        )
+        text = await page.message("the refusal")
         assert "prompt must be a str" in text, text
         await page.close()
 
@@ -442,6 +472,15 @@ async def sessions_become(name: str, n: int, seconds: float = 10) -> None:
     while summary(name)["sessions"] != n:
         assert time.monotonic() < deadline, summary(name)
         await asyncio.sleep(0.05)
+
+
+async def close_both(first: Page, second: Page, daemon: str) -> None:
+    """Close ``second``: its session detaches and ``first`` streams on; then ``first``."""
+    await second.close()
+    await sessions_become(daemon, 1)
+    await first.streams_on("the other tab streams on")
+    await first.close()
+    await sessions_become(daemon, 0)
 
 
 def test_tabs_are_sessions_and_a_closed_tab_detaches(
@@ -462,12 +501,7 @@ def test_tabs_are_sessions_and_a_closed_tab_detaches(
             assert not np.array_equal(*shown), "two tabs show the same frames"
         assert summary(daemon.name)["sessions"] == 2
 
-        await second.close()
-        await sessions_become(daemon.name, 1)
-        count = await first.eval("rtePlay.frames")
-        await first.until(f"rtePlay.frames > {count} + 5", "the other tab streams on")
-        await first.close()
-        await sessions_become(daemon.name, 0)
+        await close_both(first, second, daemon.name)
 
     in_browser(browser, body)
 
@@ -479,11 +513,7 @@ def test_a_killed_daemon_is_engine_gone_in_the_page(
         page = await Page.open(http, browser, play.url)
         await page.until("rtePlay.fps > 0", "frames")
         daemon.kill()
-        text = await page.until(
-            "(() => { const m = document.getElementById('message');"
-            " return !m.hidden && m.innerText; })()",
-            "the EngineGone message",
-        )
+        text = await page.message("the EngineGone message")
         assert text.startswith("Engine gone:") and daemon.name in text, text
         assert await page.until("rtePlay.fps === 0", "frames stop")
         await page.close()

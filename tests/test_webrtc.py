@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import ctypes
 import itertools
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import time
@@ -37,21 +34,23 @@ import pytest
 from daemon_harness import DaemonProcess
 from test_play import (
     CHROMIUM_FLAGS,
-    INSTALL,
     RIGHT,
     SLIDE,
     Page,
     Play,
-    _remote_peers,
+    chromium,
+    close_both,
     in_browser,
     recorder,
+    remote_peers,
+    screenshot_path,
     sessions_become,
     step_shifts,
     truth_error,
+    world_daemon,
 )
 
 from rte.ipc.inspect import summary
-from rte.launch.childlog import child_log, said
 from rte.models import worldgen
 from rte.protocol.names import DaemonNames
 
@@ -92,59 +91,16 @@ def loopback_only() -> Iterator[None]:
         os.close(original)
 
 
-def _peers_elsewhere(pid: int) -> list[str]:
-    """Peers of the sockets of process ``pid`` and its children that are not 127.0.0.1."""
-    return _remote_peers(pid)
-
-
 @pytest.fixture(scope="module")
 def browser(loopback_only: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Headless Chromium in that namespace; yields its DevTools address."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail(f"no chromium on PATH: install it with `bash {INSTALL}` (as root)")
-    profile = tmp_path_factory.mktemp("chromium-rtc")
-    log = child_log()
-    command = [chromium, *RTC_FLAGS, f"--user-data-dir={profile}", "about:blank"]
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not (
-            found := re.search(r"DevTools listening on ws://(127\.0\.0\.1:\d+)/", said(log))
-        ):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"chromium did not start (exit {process.poll()}): {said(log)[-2000:]}")
-            time.sleep(0.05)
-        yield f"http://{found.group(1)}"
-        elsewhere = _peers_elsewhere(process.pid)
-        assert not elsewhere, f"chromium contacted more than this machine: {elsewhere}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+    yield from chromium(RTC_FLAGS, tmp_path_factory.mktemp("chromium-rtc"))
 
 
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
-    # admission by rows: these tests are of the browser path, and a loaded box can
-    # measure the real-time capacity below the tabs they open (its own tests: test_realtime)
-    args = ("--model", "world", "--pace-hz", "30", "--max-sessions", "4", "--admission", "rows")
-    process = DaemonProcess(f"{shm_prefix}rtc", *args)
-    yield process
-    if process.process.poll() is None:
-        process.stop()
+    """test_play's daemon, named from the test's prefix."""
+    yield from world_daemon(f"{shm_prefix}rtc")
 
 
 @pytest.fixture
@@ -152,7 +108,7 @@ def play(loopback_only: None, daemon: DaemonProcess, tmp_path: Path) -> Iterator
     """``rte play --name`` of that daemon, over WebRTC, recording to tmp_path/rec."""
     process = Play("--name", daemon.name, "--wait", "30", "--record", str(tmp_path / "rec"))
     yield process
-    elsewhere = _peers_elsewhere(process.process.pid)
+    elsewhere = remote_peers(process.process.pid)
     process.stop()
     assert not elsewhere, f"rte play contacted more than this machine: {elsewhere}"
 
@@ -168,6 +124,8 @@ class VideoPage(Page):
     its ``requestVideoFrameCallback`` never fires), whose frames are read back
     from its ``<video>``."""
 
+    record = RECORD  # the pictures of its <video>
+
     @classmethod
     async def open(cls, http: aiohttp.ClientSession, devtools: str, url: str) -> Page:
         async with http.get(f"{devtools}/json/version") as response:
@@ -181,16 +139,7 @@ class VideoPage(Page):
         target_id = reply["result"]["targetId"]
         async with http.get(f"{devtools}/json/list") as response:
             target = next(t for t in await response.json() if t["id"] == target_id)
-        page = cls(http, devtools, target)
-        page.ws = await http.ws_connect(page.url, max_msg_size=0)
-        page._reader = asyncio.create_task(page._read())
-        await page.until("document.readyState === 'complete' && !!window.rtePlay", "the page")
-        return page
-
-    async def frames(self, seconds: float) -> list[tuple[int, np.ndarray[Any, Any]]]:
-        await self.eval(RECORD)
-        await asyncio.sleep(seconds)
-        return await self.recorded()
+        return await cls.attach(http, devtools, target)
 
 
 async def open_rtc(http: aiohttp.ClientSession, browser: str, url: str) -> Page:
@@ -212,6 +161,13 @@ def placed(
         n = min(errors, key=errors.__getitem__)
         out.append((chunk, n, round(errors[n], 1)))
     return out
+
+
+async def each_its_own_camera(pages: list[Page], names: list[str]) -> None:
+    """Each page's latest frame is the forest from its own session's start."""
+    shown = [(await p.frames(0.3))[-1][1] for p in pages]
+    for name, frame in zip(names, shown, strict=True):
+        assert truth_error(frame, "a forest", worldgen.start(name)) <= CODEC_BOUND, name
 
 
 def decoded(frames: list[tuple[int, np.ndarray[Any, Any]]]) -> list[int]:
@@ -260,8 +216,7 @@ def test_webrtc_video_is_the_world_and_keys_steer_it(
         assert 0 < await page.until("rtePlay.gatewayMs", "the gateway's latency") < 2000
         assert 0 < await page.until("rtePlay.browserMs", "action to displayed frame") < 2000
         shot = await page.call("Page.captureScreenshot", format="png")
-        path = Path(os.environ.get("RTE_PLAY_SCREENSHOT") or tmp_path / "play.png")
-        path.write_bytes(base64.b64decode(shot["data"]))
+        screenshot_path(tmp_path).write_bytes(base64.b64decode(shot["data"]))
 
         position = (y0, x0 + steps * worldgen.SPEED)
         await page.eval("rtePlay.send({prompt: 'lava at night'})")  # the control channel
@@ -270,11 +225,7 @@ def test_webrtc_video_is_the_world_and_keys_steer_it(
         errors = [truth_error(f, "lava at night", position) for _, f in lava]
         assert max(errors) <= CODEC_BOUND, f"not the lava world at night: {errors}"
         await page.eval("rtePlay.send({prompt: 5})")
-        text = await page.until(
-            "(() => { const m = document.getElementById('message');"
-            " return !m.hidden && m.innerText; })()",
-            "the refusal",
-        )
+        text = await page.message("the refusal")
         assert "prompt must be a str" in text, text
         await page.eval("rtePlay.send({renegotiate: 'v=0'})")  # a restart that adds no video
         text = await page.until(
@@ -283,8 +234,7 @@ def test_webrtc_video_is_the_world_and_keys_steer_it(
             "the restart's refusal",
         )
         assert "must add one video m-line" in text, text
-        count = await page.eval("rtePlay.frames")
-        await page.until(f"rtePlay.frames > {count} + 5", "frames after the refused restart")
+        await page.streams_on("frames after the refused restart")
         await page.close()
 
     in_browser(browser, body)
@@ -310,9 +260,7 @@ def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
         names = [await p.eval("rtePlay.session") for p in (first, second)]
         assert names[0] != names[1]
         assert summary(daemon.name)["sessions"] == 2
-        shown = [(await p.frames(0.3))[-1][1] for p in (first, second)]
-        for name, frame in zip(names, shown, strict=True):
-            assert truth_error(frame, "a forest", worldgen.start(name)) <= CODEC_BOUND, name
+        await each_its_own_camera([first, second], names)
         normal = await second.until("rtePlay.ageMs", "the frame age")
 
         gateway = psutil.Process(play.process.pid)
@@ -340,12 +288,7 @@ def test_two_tabs_a_stalled_one_recovers_a_closed_one_detaches(
         after = {t["session"]: t for t in (await stats(http, play))["tabs"]}
         assert after[names[1]]["dropped"] > before[names[1]]["dropped"] + 100, (before, after)
 
-        await second.close()
-        await sessions_become(daemon.name, 1)
-        count = await first.eval("rtePlay.frames")
-        await first.until(f"rtePlay.frames > {count} + 5", "the other tab streams on")
-        await first.close()
-        await sessions_become(daemon.name, 0)
+        await close_both(first, second, daemon.name)
 
     in_browser(browser, body)
 
@@ -397,16 +340,10 @@ def test_two_tabs_are_two_sessions_and_a_killed_daemon_ends_every_stream(
         pages = [await open_rtc(http, browser, play.url) for _ in range(2)]
         names = [await p.eval("rtePlay.session") for p in pages]
         assert names[0] != names[1] and summary(daemon.name)["sessions"] == 2, names
-        shown = [(await p.frames(0.3))[-1][1] for p in pages]  # each its own camera
-        for name, frame in zip(names, shown, strict=True):
-            assert truth_error(frame, "a forest", worldgen.start(name)) <= CODEC_BOUND, name
+        await each_its_own_camera(pages, names)
         daemon.kill()
         for page in pages:
-            text = await page.until(
-                "(() => { const m = document.getElementById('message');"
-                " return !m.hidden && m.innerText; })()",
-                "the EngineGone message",
-            )
+            text = await page.message("the EngineGone message")
             assert text.startswith("Engine gone:") and daemon.name in text, text
             await page.until("rtePlay.fps === 0", "frames stop")
         for page in pages:
