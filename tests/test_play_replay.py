@@ -14,11 +14,13 @@ each replays identically.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +44,29 @@ DOWN = {"key": "ArrowDown", "code": "ArrowDown", "windowsVirtualKeyCode": 40}
 STILL = (0, 0)
 
 
-def play_recording(of: DaemonProcess, traces: Path) -> Play:
-    """``rte play --name`` of that daemon, its WebSocket transport, recording traces."""
-    return Play(
+@contextlib.contextmanager
+def recording(of: DaemonProcess, traces: Path) -> Iterator[Play]:
+    """``rte play --name`` of that daemon, its WebSocket transport, recording traces;
+    stopped after the block, which must have left no Traceback in what it said."""
+    play = Play(
         "--name", of.name, "--wait", "30", "--transport", "websocket",
         "--record-traces", str(traces),
     )  # fmt: skip
+    try:
+        yield play
+    finally:
+        play.stop()
+    assert "Traceback" not in play.said(), play.said()
+
+
+def over_http(body: Callable[[aiohttp.ClientSession], Awaitable[None]]) -> None:
+    """``body`` with an HTTP client (30 s a request), failing after 60 s."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            await body(http)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def trace_of(traces: Path, session: str) -> Path:
@@ -64,6 +83,13 @@ def replay(path: Path) -> subprocess.CompletedProcess[str]:
         check=False,
         cwd=ROOT,
     )
+
+
+def replays_identically(path: Path, trace: Trace) -> None:
+    """``rte replay`` of ``path`` makes each of the chunks of ``trace`` again."""
+    done = replay(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
 
 
 def applied_moves(trace: Trace) -> list[tuple[int, Any]]:
@@ -86,9 +112,8 @@ def test_a_browser_session_replays_identically_and_a_changed_action_where_it_app
     tmp_path: Path,
 ) -> None:
     traces = tmp_path / "traces"
-    play = play_recording(daemon, traces)
     sessions: list[str] = []
-    try:
+    with recording(daemon, traces) as play:
 
         async def body(http: aiohttp.ClientSession) -> None:
             page = await Page.open(http, browser, play.url)
@@ -104,9 +129,6 @@ def test_a_browser_session_replays_identically_and_a_changed_action_where_it_app
             await page.close()
 
         in_browser(browser, body)
-    finally:
-        play.stop()
-    assert "Traceback" not in play.said(), play.said()
     assert [p.name for p in traces.iterdir()] == [f"{sessions[0]}.trace.jsonl"]
     path = trace_of(traces, sessions[0])
     trace = read_trace(path)
@@ -117,9 +139,7 @@ def test_a_browser_session_replays_identically_and_a_changed_action_where_it_app
     moves = applied_moves(trace)
     assert {(0, 1), (1, 0), STILL} <= {m for _, m in moves}, moves
 
-    done = replay(path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
+    replays_identically(path, trace)
 
     # the first move that is the last action of its chunk, the other way
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -144,38 +164,31 @@ def test_a_reset_and_a_closed_tab_end_their_traces_and_sigterm_ends_the_rest(
     tmp_path: Path,
 ) -> None:
     traces = tmp_path / "traces"
-    play = play_recording(daemon, traces)
-    try:
+    with recording(daemon, traces) as play:
 
-        async def main() -> None:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-                closing = await RawTab.open(http, play.url)
-                staying = await RawTab.open(http, play.url)
-                for tab, move in ((closing, [0, 1]), (staying, [1, 0])):
-                    await tab.ws.send_str(json.dumps({"move": move, "seq": 1}))
-                    await tab.streams("after a move")
-                name = closing.of("hello")[0]["session"]
-                await closing.ws.send_str('{"reset": true, "seq": 2}')  # its next life's trace
-                trace = await ended(trace_of(traces, name))
-                assert trace.chunks and applied_moves(trace)[0][1] == (0, 1)
-                await closing.streams("after the reset")
-                await closing.close()  # its session detaches: its trace ends, play goes on
-                after = await ended(trace_of(traces, f"{name}-2"))
-                assert after.chunks[0].index == 0 and after.conditioning["move"] == (0, 1)
-                await staying.streams("the tab still open")
-                assert await asyncio.to_thread(play.stop, signal.SIGTERM) == 0, play.said()
-                await staying.close()
+        async def body(http: aiohttp.ClientSession) -> None:
+            closing = await RawTab.open(http, play.url)
+            staying = await RawTab.open(http, play.url)
+            for tab, move in ((closing, [0, 1]), (staying, [1, 0])):
+                await tab.ws.send_str(json.dumps({"move": move, "seq": 1}))
+                await tab.streams("after a move")
+            name = closing.of("hello")[0]["session"]
+            await closing.ws.send_str('{"reset": true, "seq": 2}')  # its next life's trace
+            trace = await ended(trace_of(traces, name))
+            assert trace.chunks and applied_moves(trace)[0][1] == (0, 1)
+            await closing.streams("after the reset")
+            await closing.close()  # its session detaches: its trace ends, play goes on
+            after = await ended(trace_of(traces, f"{name}-2"))
+            assert after.chunks[0].index == 0 and after.conditioning["move"] == (0, 1)
+            await staying.streams("the tab still open")
+            assert await asyncio.to_thread(play.stop, signal.SIGTERM) == 0, play.said()
+            await staying.close()
 
-        asyncio.run(asyncio.wait_for(main(), 60))
-    finally:
-        play.stop()
-    assert "Traceback" not in play.said(), play.said()
+        over_http(body)
     finished = [read_trace(path) for path in sorted(traces.iterdir())]
     assert len(finished) == 3 and all(t.seconds is not None for t in finished), finished
     for path, trace in zip(sorted(traces.iterdir()), finished, strict=True):
-        done = replay(path)  # whole up to their end lines, and as they were made
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
+        replays_identically(path, trace)  # whole up to their end lines, as they were made
 
 
 def test_a_killed_daemon_ends_the_traces_whole(
@@ -183,11 +196,10 @@ def test_a_killed_daemon_ends_the_traces_whole(
     tmp_path: Path,
 ) -> None:
     traces = tmp_path / "traces"
-    play = play_recording(daemon, traces)
     try:
+        with recording(daemon, traces) as play:
 
-        async def main() -> None:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async def body(http: aiohttp.ClientSession) -> None:
                 tab = await RawTab.open(http, play.url)
                 await tab.ws.send_str('{"move": [0, -1], "seq": 1}')
                 await tab.streams("after a move")
@@ -195,15 +207,11 @@ def test_a_killed_daemon_ends_the_traces_whole(
                 await tab.until(lambda: tab.of("gone"), "the EngineGone message")
                 await tab.close()
 
-        asyncio.run(asyncio.wait_for(main(), 60))
-        assert play.wait(15) == 1, play.said()
+            over_http(body)
+            assert play.wait(15) == 1, play.said()
     finally:
-        play.stop()
         DaemonNames(daemon.name).remove_leftovers()
-    assert "Traceback" not in play.said(), play.said()
     (path,) = traces.iterdir()
     trace = read_trace(path)
     assert trace.seconds is not None and trace.chunks, "not ended at the daemon's death"
-    done = replay(path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"identical, {len(trace.chunks)} chunks" in done.stdout, done.stdout
+    replays_identically(path, trace)
