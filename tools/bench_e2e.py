@@ -181,6 +181,35 @@ def _drain_count(client: EngineClient, seconds: float, held: list[int] | None = 
     return count
 
 
+def flat_out(client: EngineClient, seconds: float) -> int:
+    """Chunks taken in ``seconds``, flat out, released a batch at a time (the
+    chunks/s of tools.bench_scale and tools.bench_ray)."""
+    count, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        batch = client.poll_batch(timeout=0.1)
+        if batch is not None:
+            count += len(batch)
+            batch.release()
+    return count
+
+
+def tag_round(client: EngineClient, session: str, tag: int) -> int:
+    """Act ``tag`` on ``session``, then take batches until a chunk of it carries
+    ``tag`` (null model): ns (the latency of tools.bench_scale and tools.bench_ray)."""
+    sent = time.monotonic_ns()
+    client.act(session, {"tag": tag})
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        batch = client.poll_batch(timeout=0.1)
+        if batch is None:
+            continue
+        with batch:
+            for i, name in enumerate(batch.sessions):
+                if name == session and tag_of(batch.latents[i]) == tag:
+                    return time.monotonic_ns() - sent
+    raise RuntimeError(f"no chunk of {session} carried tag {tag} in {TIMEOUT_S}s")
+
+
 def _delivery_ns(batch: ChunkBatch, held_ns: int) -> int:
     """Delivery latency of a step's chunks: the engine's step returned them
     (``emitted_ns``) to the client holding them (``held_ns``, ``time.monotonic_ns``

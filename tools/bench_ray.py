@@ -32,45 +32,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from rte.models.null import tag_of
 from tools import report
+from tools.bench_e2e import flat_out, tag_round
 
-TIMEOUT_S = 10.0
 FORMS = ["direct", "ray-local", "ray-remote"]
 COLUMNS = ["client", "chunks_per_s", "x_direct", "p50_us", "p99_us", "x_direct_p50"]
 TABLES: list[report.TableSpec] = [
     ("Ray at the speed of the node (null model, 1 session each, flat out)", "rows", {}, COLUMNS)
 ]
-
-
-def _flat_out(client: Any, seconds: float) -> int:
-    """Chunks taken in ``seconds``, flat out, released a batch at a time."""
-    count, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        batch = client.poll_batch(timeout=0.1)
-        if batch is not None:
-            count += len(batch)
-            batch.release()
-    return count
-
-
-def _action_to_chunk(client: Any, session: str, rounds: int, tags: Iterator[int]) -> list[int]:
-    """``rounds`` actions, each timed to the first chunk of ``session`` that shows it (ns)."""
-    took = []
-    for _ in range(rounds):
-        tag, sent = next(tags), time.monotonic_ns()
-        client.act(session, {"tag": tag})
-        while True:
-            batch = client.poll_batch(timeout=0.1)
-            if batch is not None:
-                with batch:
-                    rows = [i for i, s in enumerate(batch.sessions) if s == session]
-                    if any(tag_of(batch.latents[i]) == tag for i in rows):
-                        break
-            if time.monotonic_ns() - sent > TIMEOUT_S * 1e9:
-                raise RuntimeError(f"no chunk of {session} carried tag {tag}")
-        took.append(time.monotonic_ns() - sent)
-    return took
 
 
 def _window(
@@ -80,11 +49,12 @@ def _window(
     rounds, seconds, warmup = plan
     client.attach(session)
     try:
-        _flat_out(client, warmup / 2)
-        _action_to_chunk(client, session, max(1, rounds // 5), tags)
-        _flat_out(client, warmup / 2)
-        count = _flat_out(client, seconds)
-        p = report.percentiles_us(_action_to_chunk(client, session, rounds, tags))
+        flat_out(client, warmup / 2)
+        for _ in range(max(1, rounds // 5)):
+            tag_round(client, session, next(tags))
+        flat_out(client, warmup / 2)
+        count = flat_out(client, seconds)
+        p = report.percentiles_us([tag_round(client, session, next(tags)) for _ in range(rounds)])
     finally:
         client.detach(session)
     return {"chunks_per_s": count / seconds, "p50_us": p["p50_us"], "p99_us": p["p99_us"]}

@@ -42,7 +42,7 @@ from typing import Any
 from rte.client import PoolClient, connect_pool
 from rte.models.null import tag_of
 from tools import report
-from tools.bench_e2e import TIMEOUT_S, Daemon
+from tools.bench_e2e import TIMEOUT_S, Daemon, flat_out, tag_round
 
 MODELS = ("null", "reference")
 COLUMNS = ["model", "daemons", "sessions", "chunks_per_s", "chunks_x_one", "p50_us"]
@@ -52,39 +52,13 @@ TABLES: list[report.TableSpec] = [
 ]
 
 
-def _drain(client: PoolClient, seconds: float) -> int:
-    count, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        batch = client.poll_batch(timeout=0.1)
-        if batch is not None:
-            count += len(batch)
-            batch.release()
-    return count
-
-
-def _round(client: PoolClient, session: str, tag: int) -> int:
-    """Act, then take batches until a chunk of ``session`` carries ``tag``: ns."""
-    sent = time.monotonic_ns()
-    client.act(session, {"tag": tag})
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        batch = client.poll_batch(timeout=0.1)
-        if batch is None:
-            continue
-        with batch:
-            for i, name in enumerate(batch.sessions):
-                if name == session and tag_of(batch.latents[i]) == tag:
-                    return time.monotonic_ns() - sent
-    raise RuntimeError(f"no chunk of {session} carried tag {tag} in {TIMEOUT_S}s")
-
-
 def _window(
     client: PoolClient, model: str, rounds: int, seconds: float, tags: Iterator[int]
 ) -> dict[str, float]:
-    figures = {"chunks_per_s": _drain(client, seconds) / seconds}
+    figures = {"chunks_per_s": flat_out(client, seconds) / seconds}
     if model == "null":
         names = sorted(client.sessions)
-        took = [_round(client, names[i % len(names)], next(tags)) for i in range(rounds)]
+        took = [tag_round(client, names[i % len(names)], next(tags)) for i in range(rounds)]
         figures |= {k: v for k, v in report.percentiles_us(took).items() if k != "mean_us"}
     return figures
 
