@@ -25,6 +25,12 @@ repeat; a state leaving or reaching another node goes through Ray's object
 store (:mod:`rte.ray.relay`). A move refused everywhere goes back where it was
 (:class:`~rte.client.migration.MigrationError` holds the state if even that fails).
 
+When a host's daemon drains (``rte drain NAME``: a DRAINING notice for each
+of its sessions), the caller moves those sessions to the other live hosts at
+its next ``poll``, ``poll_batch`` or ``notices``, all at once, as a pool
+client does; one that no host takes is left in :attr:`RayClient.stranded`
+(its state) with an ERROR notice saying so.
+
 :meth:`RayClient.take` is the older convenience: every chunk that came, copied
 out and released, as :class:`Frame` s.
 """
@@ -39,11 +45,15 @@ import numpy as np
 
 from rte.client import arguments
 from rte.client.base import EngineClient
+from rte.client.batch import ChunkBatch
+from rte.client.core import Chunk
 from rte.client.in_flight import Landed, fly
-from rte.client.migration import Move, outcome
+from rte.client.migration import DRAIN_MOVE_S, MigrationError, Move, outcome
+from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, RequestError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
+from rte.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,9 @@ class RayClient(EngineClient):
 
     Attributes (its transport's): ``owner`` (this caller's id at the router and
     the hosts), ``places`` ((daemon, node) of each host), ``home`` (session ->
-    its host's index), ``lost`` (session -> why its host is gone).
+    its host's index), ``lost`` (session -> why its host is gone); and
+    ``stranded`` (session -> its state: a session of a draining daemon that no
+    host took; ``attach(s, state=client.stranded.pop(s))`` once one has room).
     """
 
     transport: RayTransport
@@ -72,6 +84,8 @@ class RayClient(EngineClient):
         ray = self.transport
         self.router, self.hosts, self.owner = router, hosts, ray.owner
         self.places, self.home, self.lost = ray.places, ray.at, ray.lost
+        self.stranded: dict[str, SessionState] = {}
+        self._moving = False
 
     def path(self, session: str) -> str:
         """``"shm"`` when the session's daemon is on this node, else ``"ray"``."""
@@ -102,14 +116,78 @@ class RayClient(EngineClient):
         ray, moves = self.transport, []
         for daemon in self._names(name):
             mine = sorted(s for s in self.sessions if ray.home.get(s) == daemon)
-            free = {n: ray.free_rows(n) for n in ray.live() if n != daemon}
-            if mine and not free:
-                raise EngineGone(f"draining {daemon!r}: no other host's daemon is live")
-            for session in mine:  # (spread: each as if those before took a row)
-                others = sorted(free, key=lambda n: free[n], reverse=True)
-                free[others[0]] -= 1
-                moves.append(Move(session, daemon, others))
+            moves += self._moves_off(daemon, mine)
         return outcome(self._fly(moves, timeout))
+
+    def _moves_off(self, daemon: str, sessions: list[str]) -> list[Move]:
+        """The moves of ``sessions`` off ``daemon``, spread over the other live
+        hosts by free rows (each as if those before took a row); EngineGone when
+        there is no other."""
+        ray = self.transport
+        free = {n: ray.free_rows(n) for n in ray.live() if n != daemon}
+        if sessions and not free:
+            raise EngineGone(f"draining {daemon!r}: no other host's daemon is live")
+        moves = []
+        for session in sessions:
+            others = sorted(free, key=lambda n: free[n], reverse=True)
+            free[others[0]] -= 1
+            moves.append(Move(session, daemon, others))
+        return moves
+
+    # -- a host's daemon drains: its sessions move, at the caller's next call ----
+
+    def poll(self, timeout: float = 1.0) -> Chunk | None:
+        if self.transport.told:
+            self.move_drained()
+        return super().poll(timeout)
+
+    def poll_batch(self, timeout: float = 1.0) -> ChunkBatch | None:
+        if self.transport.told:
+            self.move_drained()
+        return super().poll_batch(timeout)
+
+    def notices(self) -> list[Notice]:
+        news = super().notices()
+        if self.transport.told:
+            self.move_drained()
+            news += self._core.drain_notices()
+        return news
+
+    def move_drained(self, *, timeout: float = DRAIN_MOVE_S) -> dict[str, str]:
+        """Move each session whose daemon said it drains to the other live hosts,
+        all at once (``poll`` and the others call it); session -> where it went.
+        One that cannot move gets an ERROR notice (its state, when no host took
+        it, in :attr:`stranded`). Never re-entered."""
+        ray = self.transport
+        if self._moving or not ray.told:
+            return {}
+        self._moving = True
+        told, ray.told = list(dict.fromkeys(ray.told)), []
+        try:
+            by_daemon: dict[str, list[str]] = {}
+            for session in told:
+                daemon = ray.home.get(session)
+                if daemon is not None and session in self.sessions:
+                    by_daemon.setdefault(daemon, []).append(session)
+            moves: list[Move] = []
+            for daemon, mine in by_daemon.items():
+                try:
+                    moves += self._moves_off(daemon, mine)
+                except EngineGone as why:
+                    self._core.sort([self._unmoved(s, daemon, why) for s in mine])
+            landed = self._fly(moves, timeout) if moves else []
+        finally:
+            self._moving = False
+        for move in (m for m in landed if m.error is not None):
+            if isinstance(move.error, MigrationError):
+                self.stranded[move.move.session] = move.error.state
+            self._core.sort([self._unmoved(move.move.session, move.move.old, move.error)])
+        return {m.move.session: m.to for m in landed if m.error is None}
+
+    @staticmethod
+    def _unmoved(session: str, daemon: str, why: Exception | None) -> Notice:
+        text = f"daemon {daemon!r} drains and session {session!r} could not move: {why}"
+        return Notice(session, NoticeKind.ERROR, text)
 
     def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
         """Every move at once (:mod:`rte.client.in_flight`), as a pool's."""

@@ -104,6 +104,7 @@ class RayTransport(Transport):
         self.members = {daemon: i for i, (daemon, _) in enumerate(self.places)}
         self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
         self.lost: dict[str, str] = {}  # session -> why (its host died)
+        self.told: list[str] = []  # sessions whose daemon said it drains: to move
         self._placing: dict[int, Placing] = {}  # seq of an attach -> where it went
         self._exporting: dict[int, Member] = {}  # seq of an export -> its session's member
         self._detaching: set[int] = set()  # seqs of detaches in flight
@@ -279,6 +280,8 @@ class RayTransport(Transport):
                 self.router.release.remote(session)
         elif item.kind is NoticeKind.ERROR:
             self._detaching.discard(item.seq)
+        elif item.kind is NoticeKind.DRAINING and self.at.get(session) == index:
+            self.told.append(session)  # (RayClient moves it at its next call)
         return item
 
     def _next_target(self, placing: Placing, refused: Notice) -> Notice | None:
