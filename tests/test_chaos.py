@@ -72,6 +72,18 @@ def replaying(number: int) -> Iterator[None]:
         raise
 
 
+def short_and_soak(short: dict[str, Any], long: dict[str, Any]) -> pytest.MarkDecorator:
+    """A test in two forms, its ``form`` the arguments of each: ``short`` (run by
+    default, 5 minutes at most) and ``long`` (``pytest -m soak`` runs it, an hour)."""
+    return pytest.mark.parametrize(
+        "form",
+        [
+            pytest.param(short, marks=pytest.mark.timeout(300), id="short"),
+            pytest.param(long, marks=[pytest.mark.soak, pytest.mark.timeout(3600)], id="soak"),
+        ],
+    )
+
+
 # -- what a daemon holds ----------------------------------------------------------
 
 
@@ -164,6 +176,32 @@ class Steady:
             self.process.join(10)
 
 
+@contextlib.contextmanager
+def bystander(name: str, *, null_model: bool) -> Iterator[Steady]:
+    """A :class:`Steady` of daemon ``name``, streaming for a moment before the
+    block (the baseline is taken with it attached), stopped after it."""
+    steady = Steady(name, null_model=null_model)
+    try:
+        time.sleep(0.3)
+        yield steady
+    finally:
+        steady.stop()
+
+
+def back_to_baseline(number: int, baseline: Baseline, steady: Steady) -> None:
+    """After round ``number``: the daemon holds what it held before, and the
+    bystander streamed on undisturbed."""
+    baseline.check(f"round {number}")
+    steady.check(f"round {number}")
+
+
+def as_new(number: int, name: str, fresh: list[str]) -> None:
+    """After round ``number``: daemon ``name``, killed and started again in it, holds
+    no client and no more than ``fresh``, what it held when new."""
+    wait_for(lambda: holdings(name)[0] == [], what=f"round {number}: {name} empty")
+    assert leftovers(name) == fresh, f"round {number}: what {name} holds when new"
+
+
 @dataclass
 class Worker:
     kind: str
@@ -238,9 +276,7 @@ def abuse_of(hostile: str | None, rng: random.Random) -> str | None:
 def run_one_daemon(daemon: DaemonProcess, count: int, hostile: str | None = None) -> None:
     """Plain, loaning and asyncio clients at random against one daemon
     (``hostile``: the loaning and asyncio ones abuse it so, see chaos_actors)."""
-    steady = Steady(daemon.name, null_model=False)
-    try:
-        time.sleep(0.3)
+    with bystander(daemon.name, null_model=False) as steady:
         baseline = Baseline.of(daemon.name, daemon.pid)
         for number, rng in rounds(count):
             with replaying(number):
@@ -256,24 +292,17 @@ def run_one_daemon(daemon: DaemonProcess, count: int, hostile: str | None = None
                     workers.append(Worker(kind, args))
                 play(workers, rng, None)
                 assert daemon.process.poll() is None, daemon.said()
-                baseline.check(f"round {number}")
-                steady.check(f"round {number}")
+                back_to_baseline(number, baseline, steady)
         counters = snapshot(daemon.name)["counters"]  # the rounds really did something
         assert counters["requests"] > 20 * count and counters["errors"] > 0, counters
         assert counters["dead_clients_reaped"] > 0, counters
-    finally:
-        steady.stop()
 
 
-@pytest.mark.timeout(300)
-def test_random_clients_never_hurt_the_daemon_or_a_bystander(daemon: DaemonProcess) -> None:
-    run_one_daemon(daemon, count=3)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(3600)
-def test_random_clients_soak(daemon: DaemonProcess) -> None:
-    run_one_daemon(daemon, count=200, hostile="any")
+@short_and_soak({"count": 3}, {"count": 200, "hostile": "any"})
+def test_random_clients_never_hurt_the_daemon_or_a_bystander(
+    daemon: DaemonProcess, form: dict[str, Any]
+) -> None:
+    run_one_daemon(daemon, **form)
 
 
 @pytest.mark.timeout(300)
@@ -332,9 +361,7 @@ def pair(shm_prefix: str) -> Iterator[Pair]:
 
 def run_pool(pair: Pair, count: int, hostile: str | None = None) -> None:
     stays, dies = pair.names
-    steady = Steady(stays, null_model=True)
-    try:
-        time.sleep(0.3)
+    with bystander(stays, null_model=True) as steady:
         baseline = Baseline.of(stays, pair.daemons[stays].pid)
         fresh = leftovers(dies)
         for number, rng in rounds(count):
@@ -348,29 +375,19 @@ def run_pool(pair: Pair, count: int, hostile: str | None = None) -> None:
                     worker.args += ("held-views" if abuse else None,)
                 play(workers, rng, pair.kill_and_restart)
                 assert pair.daemons[stays].process.poll() is None, pair.daemons[stays].said()
-                baseline.check(f"round {number}")
-                steady.check(f"round {number}")
-                wait_for(lambda: holdings(dies)[0] == [], what=f"round {number}: {dies} empty")
-                assert leftovers(dies) == fresh, f"round {number}: what {dies} holds when new"
-    finally:
-        steady.stop()
+                back_to_baseline(number, baseline, steady)
+                as_new(number, dies, fresh)
 
 
-@pytest.mark.timeout(300)
-def test_a_pool_over_two_daemons_one_killed_each_round(pair: Pair) -> None:
-    run_pool(pair, count=2)
+@short_and_soak({"count": 2}, {"count": 100, "hostile": "any"})
+def test_a_pool_over_two_daemons_one_killed_each_round(pair: Pair, form: dict[str, Any]) -> None:
+    run_pool(pair, **form)
 
 
 @pytest.mark.timeout(300)
 def test_a_pool_whose_clients_read_chunks_held_from_the_killed_daemon(pair: Pair) -> None:
     """Issue 20 item 1: a chunk held from a daemon the pool lost still reads."""
     run_pool(pair, count=1, hostile="held-views")
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(3600)
-def test_a_pool_soak(pair: Pair) -> None:
-    run_pool(pair, count=100, hostile="any")
 
 
 # -- a supervisor, one child killed each round --------------------------------------
@@ -395,9 +412,7 @@ def kill(pid: int, _: random.Random) -> None:
 
 def run_supervised(supervisor: DaemonProcess, count: int) -> None:
     stays, dies = f"{supervisor.name}-0", f"{supervisor.name}-1"
-    steady = Steady(stays, null_model=True)
-    try:
-        time.sleep(0.3)
+    with bystander(stays, null_model=True) as steady:
         stays_pid = pid_of(stays)
         assert stays_pid is not None
         baseline = Baseline.of(stays, stays_pid)
@@ -424,24 +439,16 @@ def run_supervised(supervisor: DaemonProcess, count: int) -> None:
                 assert f"{dies} (pid {killed}) exited with -9; restarting" in supervisor.said()
                 assert supervisor.process.poll() is None, supervisor.said()
                 assert stays_pid == pid_of(stays), f"round {number}: {stays} was restarted"
-                baseline.check(f"round {number}")
-                steady.check(f"round {number}")
-                wait_for(lambda: holdings(dies)[0] == [], what=f"round {number}: {dies} empty")
-                assert leftovers(dies) == fresh, f"round {number}: what {dies} holds when new"
+                back_to_baseline(number, baseline, steady)
+                as_new(number, dies, fresh)
                 assert len(parent.children()) == 2, f"round {number}: {parent.children()}"
                 assert parent.num_fds() <= fds + 2, f"round {number}: the supervisor leaks fds"
                 grown = parent.memory_info().rss - rss
                 assert grown < 32 << 20, f"round {number}: the supervisor grew {grown >> 20} MiB"
-    finally:
-        steady.stop()
 
 
-@pytest.mark.timeout(300)
-def test_a_supervisor_whose_child_is_killed_each_round(supervisor: DaemonProcess) -> None:
-    run_supervised(supervisor, count=2)
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(3600)
-def test_a_supervisor_soak(supervisor: DaemonProcess) -> None:
-    run_supervised(supervisor, count=50)
+@short_and_soak({"count": 2}, {"count": 50})
+def test_a_supervisor_whose_child_is_killed_each_round(
+    supervisor: DaemonProcess, form: dict[str, Any]
+) -> None:
+    run_supervised(supervisor, **form)
