@@ -20,6 +20,7 @@ import pytest
 import test_checkpoint_recovery
 import test_migrate
 from daemon_harness import DaemonProcess, Deadline
+from session_frames import frames_until
 from test_checkpoint_recovery import frames_of
 
 from rte import ComposedEngine, RequestError, StateError
@@ -231,14 +232,7 @@ def test_an_action_sent_just_before_a_migrate_applies_on_the_new_daemon_at_its_c
         assert client.migrate("a", to=to) == to
         assert held is not None
         held.release()
-        limit = Deadline(what="the chunks after the move")
-        while until not in frames:
-            limit.check(sorted(frames))
-            chunk = client.poll(timeout=1.0)
-            if chunk is not None:
-                with chunk:
-                    assert chunk.chunk not in frames, f"chunk {chunk.chunk} came twice"
-                    frames[chunk.chunk], applied[chunk.chunk] = chunk.latent.copy(), chunk.applied
+        frames_until(client, frames, until, applied, what="the chunks after the move")
         at = held_at + 1 + int(client.manifest.pipelined)  # the first chunk not yet made
     assert applied[until] == seq, (
         f"the action (seq {seq}) sent before the migrate was never applied: {applied}"

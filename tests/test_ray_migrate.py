@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from daemon_harness import Deadline
+from session_frames import frames_until
 from test_migrate import _same_as, _twin
 from test_ray import nodes  # noqa: F401 (the module's cluster)
 
@@ -35,18 +35,6 @@ def hosts(nodes: tuple[Any, float], shm_prefix: str) -> Iterator[tuple[list[Any]
     for actor in [*started, router]:
         ray.kill(actor)
     assert codes == [0] * NODES
-
-
-def frames_until(client: RayClient, frames: dict[int, Any], until: int) -> None:
-    """Session ``a``'s frames by chunk index, until chunk ``until`` came."""
-    limit = Deadline(what="the session's frames")
-    while until not in frames:
-        limit.check(sorted(frames))
-        chunk = client.poll(timeout=1.0)
-        if chunk is not None:
-            with chunk:
-                assert chunk.chunk not in frames, f"chunk {chunk.chunk} came twice"
-                frames[chunk.chunk] = chunk.latent.copy()
 
 
 def places(client: RayClient) -> tuple[int, list[int]]:
