@@ -46,7 +46,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, s
         daemon.wait_ready(60)
         args = ["record", "--name", name, "--session", "alice", "--prompt", "a forest"]
         args += ["--chunks", str(CHUNKS), "--out", str(out), "--moves", MOVES]
-        args += ["--prompt-at", f"{PROMPT_AT}:a desert at night"]
+        args += ["--prompt-at", f"{PROMPT_AT}:a desert at night", "--device", "cpu"]
         assert main(args) == 0
         yield out, name
     finally:
@@ -70,6 +70,7 @@ def test_a_recorded_daemon_session_replays_identically_in_process(
 ) -> None:
     path, _ = recorded
     trace = read_trace(path)
+    assert trace.header["device"] == "cpu"  # rte record --device: replayed there by default
     assert [c.index for c in trace.chunks] == list(range(CHUNKS))
     landed = [a.chunk for a in trace.acts]
     assert all(c is not None for c in landed) and landed == sorted(landed)  # type: ignore[type-var]

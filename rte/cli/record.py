@@ -37,6 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chunks", type=int, required=True, help="chunks to record, at least 1")
     p.add_argument("--out", required=True, help="the trace file to write")
     p.add_argument(
+        "--device",
+        help="where the daemon computes (cpu, cuda, cuda:N), into the trace's header: "
+        "rte replay computes there by default (default: not said, replayed on cpu)",
+    )
+    p.add_argument(
         "--moves",
         default="",
         help="one move a chunk, comma-separated: R, L, U, D (right, left, up, down) or S "
@@ -82,7 +87,10 @@ def record(args: argparse.Namespace) -> int:
     out, session = Path(args.out), args.session
     conditioning = {} if args.prompt is None else {"prompt": args.prompt}
     taken = acted = 0
-    with connect(args.name) as client, Recorder(client, out, session=session) as recorder:
+    with (
+        connect(args.name) as client,
+        Recorder(client, out, session=session, device=args.device) as recorder,
+    ):
         recorder.attach(session, conditioning, credits=1)
         while taken < args.chunks:
             chunk = recorder.poll(CHUNK_TIMEOUT_S)
