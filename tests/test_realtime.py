@@ -20,9 +20,9 @@ import pytest
 from daemon_harness import DaemonProcess, wait_for
 from rowcost_model import RowCostModel
 
-from rte.client import EngineClient, InProcessClient
+from rte.client import EngineClient, InProcessClient, ShmClient
 from rte.composed import ComposedEngine
-from rte.contract import NoticeKind
+from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError
 from rte.ipc.inspect import snapshot
 from rte.models.null import NullModel, tag_of
@@ -55,16 +55,20 @@ def _attach_until_refused(client: EngineClient, limit: int) -> tuple[int, str | 
     return limit, None
 
 
-@pytest.fixture
-def rowcost_daemon(shm_prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    made: list[DaemonProcess] = []
-    cost = tmp_path / "cost"
-    cost.write_text("1")
+class RowCostDaemons:
+    """Paced daemons of the row-cost model a test starts (their step's cost per row
+    times what ``cost`` holds), stopped after it: each must exit 0."""
 
-    def start(*args: str, row_ms: float = ROW_MS) -> DaemonProcess:
-        env = {"RTE_TEST_ROW_MS": str(row_ms), "RTE_TEST_COST_FILE": str(cost)}
+    def __init__(self, prefix: str, tmp_path: Path) -> None:
+        self.prefix = prefix
+        self.cost = tmp_path / "cost"
+        self.cost.write_text("1")
+        self.made: list[DaemonProcess] = []
+
+    def start(self, *args: str, row_ms: float = ROW_MS) -> DaemonProcess:
+        env = {"RTE_TEST_ROW_MS": str(row_ms), "RTE_TEST_COST_FILE": str(self.cost)}
         daemon = DaemonProcess(
-            f"{shm_prefix}rt{len(made)}",
+            f"{self.prefix}rt{len(self.made)}",
             "--model",
             "rowcost_model:rowcost",
             "--max-sessions",
@@ -74,19 +78,37 @@ def rowcost_daemon(shm_prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]
             *args,
             env=env,
         )
-        made.append(daemon)
+        self.made.append(daemon)
         return daemon
 
-    yield start, cost  # type: ignore[misc]
-    for daemon in made:
+    def client(self, *args: str) -> ShmClient:
+        """A client of a daemon started with ``args``."""
+        return self.start(*args).client()
+
+
+@pytest.fixture
+def rowcost(shm_prefix: str, tmp_path: Path) -> Iterator[RowCostDaemons]:
+    daemons = RowCostDaemons(shm_prefix, tmp_path)
+    yield daemons
+    for daemon in daemons.made:
         assert daemon.stop() == 0, daemon.stderr
 
 
+def _inspect(name: str, *flags: str) -> str:
+    """What ``rte inspect NAME FLAGS`` prints (it must exit 0)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rte", "inspect", name, *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+
+
 def test_a_paced_daemon_refuses_past_its_real_time_capacity_and_publishes_it(
-    rowcost_daemon: tuple,  # type: ignore[type-arg]
+    rowcost: RowCostDaemons,
 ) -> None:
-    start, _ = rowcost_daemon
-    daemon = start()
+    daemon = rowcost.start()
     with daemon.client() as client:
         admitted, refusal = _attach_until_refused(client, 24)
         assert refusal is not None, f"all {admitted} admitted: no real-time refusal"
@@ -96,43 +118,36 @@ def test_a_paced_daemon_refuses_past_its_real_time_capacity_and_publishes_it(
         assert 5 <= capacity <= 16, refusal  # about 45 ms / 4 ms per session
         assert int(match.group(2)) == admitted
         wait_for(lambda: snapshot(daemon.name)["realtime"]["attached"] == admitted)
-        shown = subprocess.run(
-            [sys.executable, "-m", "rte", "inspect", daemon.name, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        rt = json.loads(shown.stdout)["realtime"]
+        rt = json.loads(_inspect(daemon.name, "--json"))["realtime"]
         assert rt["pace_hz"] == PACE and rt["admission"] == "realtime"
         assert 5 <= rt["capacity"] <= 16 and rt["reduced"] == 0
-        text = subprocess.run(
-            [sys.executable, "-m", "rte", "inspect", daemon.name],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        text = _inspect(daemon.name)
         assert re.search(rf"capacity ≈ \d+ sessions at 20 Hz, {admitted} attached", text), text
-        prom = subprocess.run(
-            [sys.executable, "-m", "rte", "inspect", daemon.name, "--prometheus"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        prom = _inspect(daemon.name, "--prometheus")
         assert re.search(r"^rte_capacity_sessions\{[^}]*\} \d+$", prom, re.M), prom
         assert re.search(r"^rte_pace_hz\{[^}]*\} 20$", prom, re.M), prom
 
 
-def test_admission_by_rows_admits_past_the_real_time_capacity(
-    rowcost_daemon: tuple,  # type: ignore[type-arg]
-) -> None:
-    start, _ = rowcost_daemon
-    daemon = start("--admission", "rows")
-    with daemon.client() as client:
+def test_admission_by_rows_admits_past_the_real_time_capacity(rowcost: RowCostDaemons) -> None:
+    with rowcost.client("--admission", "rows") as client:
         admitted, refusal = _attach_until_refused(client, 18)
         assert refusal is None and admitted == 18
+
+
+def _notices_until(
+    client: EngineClient,
+    kind: NoticeKind,
+    sessions: set[str],
+    notices: list[Notice],
+    seconds: float,
+) -> None:
+    """Take chunks, and ``client``'s notices into ``notices``, until each of
+    ``sessions`` has had a notice of ``kind``; fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not {n.session for n in notices if n.kind is kind} >= sessions:
+        assert time.monotonic() < deadline, f"no {kind.name} notices: {notices}"
+        _consume(client, 0.2)
+        notices += client.notices()
 
 
 def _reduction_body(client: EngineClient, cost: Path) -> None:
@@ -142,23 +157,15 @@ def _reduction_body(client: EngineClient, cost: Path) -> None:
         client.attach(s, priority=3)
     _consume(client, 1.0)
     cost.write_text("3")  # 6 rows x 12 ms: past the 50 ms period
-    notices: list = []  # type: ignore[type-arg]
-    deadline = time.monotonic() + 20
-    while not {n.session for n in notices if n.kind is NoticeKind.REDUCED} >= {"lo0", "lo3"}:
-        assert time.monotonic() < deadline, f"no REDUCED notices: {notices}"
-        _consume(client, 0.2)
-        notices += client.notices()
+    notices: list[Notice] = []
+    _notices_until(client, NoticeKind.REDUCED, {"lo0", "lo3"}, notices, 20)
     assert not any(n.session.startswith("hi") for n in notices), notices
     assert "tick" in next(n for n in notices if n.kind is NoticeKind.REDUCED).message
     got = _consume(client, 3.0)
     assert all(got.get(s, 0) > 0 for s in ("lo0", "lo1", "lo2", "lo3")), got  # none starves
     assert min(got["hi0"], got["hi1"]) > max(got[f"lo{i}"] for i in range(4)), got
     cost.write_text("1")
-    deadline = time.monotonic() + 40
-    while not {n.session for n in notices if n.kind is NoticeKind.RESTORED} >= {"lo0", "lo3"}:
-        assert time.monotonic() < deadline, f"no RESTORED notices: {notices}"
-        _consume(client, 0.2)
-        notices += client.notices()
+    _notices_until(client, NoticeKind.RESTORED, {"lo0", "lo3"}, notices, 40)
 
 
 def test_overload_reduces_the_low_class_and_restores_it_in_process(tmp_path: Path) -> None:
@@ -170,12 +177,10 @@ def test_overload_reduces_the_low_class_and_restores_it_in_process(tmp_path: Pat
 
 
 def test_overload_reduces_the_low_class_and_restores_it_in_a_daemon(
-    rowcost_daemon: tuple,  # type: ignore[type-arg]
+    rowcost: RowCostDaemons,
 ) -> None:
-    start, cost = rowcost_daemon
-    daemon = start()
-    with daemon.client() as client:
-        _reduction_body(client, cost)
+    with rowcost.client() as client:
+        _reduction_body(client, rowcost.cost)
 
 
 def _receipts_body(client: EngineClient) -> None:
@@ -219,16 +224,13 @@ def test_receipts_name_the_last_action_each_chunk_applied_in_a_daemon(shm_prefix
         assert daemon.stop() == 0, daemon.stderr
 
 
-def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(
-    rowcost_daemon: tuple,  # type: ignore[type-arg]
-) -> None:
+def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(rowcost: RowCostDaemons) -> None:
     """Two daemons of the same rows, one of them four times as costly per session:
     when the costly one refuses by real time, the pool's attach goes to the other."""
     from rte.client import connect_pool  # noqa: PLC0415
 
-    start, _ = rowcost_daemon
-    cheap = start()
-    costly = start(row_ms=4 * ROW_MS)
+    cheap = rowcost.start()
+    costly = rowcost.start(row_ms=4 * ROW_MS)
     cheap.client().close()  # both up
     costly.client().close()
     with connect_pool([cheap.name, costly.name], timeout=30) as pool:
@@ -242,12 +244,11 @@ def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(
 
 
 def test_attach_with_wait_gets_the_place_a_leaving_session_frees(
-    rowcost_daemon: tuple,  # type: ignore[type-arg]
+    rowcost: RowCostDaemons,
 ) -> None:
     import threading  # noqa: PLC0415
 
-    start, _ = rowcost_daemon
-    daemon = start()
+    daemon = rowcost.start()
     with daemon.client() as other, daemon.client() as client:
         other.attach("x")  # its place, freed later from this other client
         _, refusal = _attach_until_refused(client, 24)
