@@ -12,29 +12,21 @@ from typing import Any
 
 import pytest
 from daemon_harness import Deadline
+from ray_hosts import NODES, reference_hosts
 from test_drain import record, rte_drain
 from test_migrate import _same_as, _twin
 from test_ray import nodes  # noqa: F401 (the module's cluster)
 
 from rte.contract import NoticeKind
-from rte.ray import RayClient, start_hosts  # first: Ray's environment
+from rte.ray import RayClient  # first: Ray's environment
 
 ray = pytest.importorskip("ray", reason="the ray extra (in the dev extra): pip install -e '.[ray]'")
-
-NODES = 3
 
 
 @pytest.fixture
 def hosts(nodes: tuple[Any, float], shm_prefix: str) -> Iterator[tuple[list[Any], Any]]:  # noqa: F811
     """A host per node, each a ``reference`` daemon of two rows."""
-    started, router = start_hosts(
-        ["--model", "reference", "--max-sessions", "2"], NODES, name=f"{shm_prefix}rd"
-    )
-    yield started, router
-    codes = ray.get([h.stop.remote() for h in started], timeout=60)
-    for actor in [*started, router]:
-        ray.kill(actor)
-    assert codes == [0] * NODES
+    yield from reference_hosts(f"{shm_prefix}rd", 2)
 
 
 def _stream_until(client: RayClient, frames: dict[str, dict[int, Any]], until: int) -> None:

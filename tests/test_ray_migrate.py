@@ -12,29 +12,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from ray_hosts import reference_hosts
 from session_frames import frames_until
 from test_migrate import _same_as, _twin
 from test_ray import nodes  # noqa: F401 (the module's cluster)
 
 from rte.errors import AdmissionError, RequestError
-from rte.ray import RayClient, start_hosts  # first: Ray's environment
+from rte.ray import RayClient  # first: Ray's environment
 
 ray = pytest.importorskip("ray", reason="the ray extra (in the dev extra): pip install -e '.[ray]'")
-
-NODES = 3
 
 
 @pytest.fixture
 def hosts(nodes: tuple[Any, float], shm_prefix: str) -> Iterator[tuple[list[Any], Any]]:  # noqa: F811
     """A host per node, each a ``reference`` daemon of one row (a full one refuses)."""
-    started, router = start_hosts(
-        ["--model", "reference", "--max-sessions", "1"], NODES, name=f"{shm_prefix}mv"
-    )
-    yield started, router
-    codes = ray.get([h.stop.remote() for h in started], timeout=60)
-    for actor in [*started, router]:
-        ray.kill(actor)
-    assert codes == [0] * NODES
+    yield from reference_hosts(f"{shm_prefix}mv", 1)
 
 
 def places(client: RayClient) -> tuple[int, list[int]]:
