@@ -46,13 +46,13 @@ from rte.client.core import AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.in_flight import Landed, MovesInFlight
 from rte.client.inputs import InputLoan
 from rte.client.loop_wait import LoopWait
-from rte.client.migration import DRAIN_MOVE_S, Move, drain_moves, outcome, start_due
+from rte.client.migration import DRAIN_MOVE_S, Move, advance_drained, drain_moves, outcome
 from rte.client.pool import PoolTransport
-from rte.client.transport import Transport
-from rte.contract import Manifest, Notice, NoticeKind
-from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout, RteError
+from rte.client.transport import LateExports, Transport
+from rte.contract import Manifest, Notice
+from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.requests import Request
+from rte.protocol.requests import Export, Request
 from rte.state import SessionState
 
 T = TypeVar("T")
@@ -75,7 +75,8 @@ class AsyncClient:
         self._closing = False
         self._wait = LoopWait(transport, core, self._pump, self._check_open)
         self._pool = transport if isinstance(transport, PoolTransport) else None
-        self.stranded: dict[str, SessionState] = {}  # as PoolClient's (a pool's drain)
+        self.stranded: dict[str, SessionState] = {}  # as EngineClient's
+        self._late = LateExports(core, transport, self.stranded)  # exports given up on
         pool = self._pool
         self._drained = None if pool is None else MovesInFlight(core, pool, 0.0)  # on their way
 
@@ -142,12 +143,15 @@ class AsyncClient:
         timeout = arguments.timeout(timeout)
         self._check_open()
         transport = self.transport
+        if session in self._late:  # (before its slot: the session may be on its way back)
+            await self._after_late(session, time.monotonic() + timeout, timeout)
         request = transport.export_into(self._core.export(session), timeout)
         try:
             answer = await self._call(request, timeout)
             return transport.exported(request, int(answer.message or 0))
         finally:
-            transport.export_done(request)
+            if not self._late.keeps(request):
+                transport.export_done(request)
 
     async def act(
         self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0
@@ -159,6 +163,8 @@ class AsyncClient:
         self._check_open()
         if self._drained is not None and self._drained.hold(request):
             return request.seq  # (on its way: sent where it lands)
+        if self._late.by_session and self._late.hold(request):
+            return request.seq  # (its session's export given up on: sent once it ended)
         await self._send_lent(await self._lend(request, deadline), deadline)
         return request.seq
 
@@ -239,23 +245,10 @@ class AsyncClient:
         """As :meth:`PoolClient.move_drained` (``poll`` and ``poll_batch`` call it,
         and take the answers of the moves on their way while they wait; it never
         awaits, so no task enters it while another is in it)."""
-        pool, flights, core = self._pool, self._drained, self._core
+        pool, flights = self._pool, self._drained
         if pool is None or flights is None or not (pool.moves or flights):
             return {}
-        core.sort([*start_due(pool.moves, flights, pool, self.sessions, timeout)])
-        moved: dict[str, str] = {}
-        for landed in flights.advance():
-            news = pool.moves.landed(landed, self.stranded)
-            core.sort([] if news is None else [news])
-            if landed.error is None:
-                moved[landed.move.session] = landed.to
-            for held in landed.held:  # (the session's own, sent where it is now)
-                try:
-                    self.transport.send(self.transport.lend(held, 0.0), 0.0)
-                except RteError as why:
-                    text = f"action {held.seq} of {held.session!r} sent during its move: {why}"
-                    core.sort([Notice(held.session, NoticeKind.ERROR, text, held.seq)])
-        return moved
+        return advance_drained(self._core, pool, flights, self.stranded, timeout, 0.0)
 
     def _chunks_or_moves(self) -> bool:
         return self._core.has_chunks() or (self._drained is not None and self._drained.ready())
@@ -264,6 +257,9 @@ class AsyncClient:
         """Make ``moves`` at once, waiting (yielding) until each ended."""
         timeout = arguments.timeout(timeout)
         self._check_open()
+        deadline = time.monotonic() + timeout
+        for move in moves:
+            await self._after_late(move.session, deadline, timeout)
         flights = MovesInFlight(self._core, self._over_pool(), 0.0)
         for move in moves:
             flights.start(move, timeout)
@@ -307,19 +303,40 @@ class AsyncClient:
         core = self._core
         core.flush()
         core.sort(self.transport.receive(core.release_rows))
+        if self._late.by_session:
+            self._late.settle()
 
     async def _call(self, request: Call, timeout: float) -> Notice:
+        """As :meth:`EngineClient._call`: a call on a session whose export was given
+        up on waits for that export's end first; an export never answered stays late."""
         core = self._core
-        seq = core.expect(request)
         deadline = time.monotonic() + timeout
+        if request.session in self._late:
+            await self._after_late(request.session, deadline, timeout)
+        seq = core.expect(request)
         try:
             await self._send_lent(await self._lend(request, deadline), deadline)
             left = deadline - time.monotonic()
-            if not await self._wait.until(lambda: core.answered(seq), left):
-                raise core.unanswered(request, timeout)
+            answered = await self._wait.until(lambda: core.answered(seq), left)
         finally:
             core.forget(seq)
+        if not answered:
+            if isinstance(request, Export):
+                home = self.transport.home_of(request.session)
+                raise self._late.give_up(request, home, timeout).error
+            raise core.unanswered(request, timeout)
         return core.answer(seq)
+
+    async def _after_late(self, session: str, deadline: float, timeout: float) -> None:
+        """As :meth:`EngineClient._after_late`."""
+        late = self._late
+        if session in late and not await self._wait.until(
+            lambda: session not in late, deadline - time.monotonic()
+        ):
+            raise RequestTimeout(
+                f"{self.name!r}: an export of {session!r} given up on earlier has not "
+                f"ended in {timeout}s (the engine has not come round); nothing was sent"
+            )
 
     async def _lend(self, request: Request, deadline: float) -> Request:
         """The request with its large arrays lent by slot, waiting (yielding) for quota."""

@@ -26,11 +26,11 @@ from rte.client import arguments
 from rte.client.batch import ChunkBatch
 from rte.client.core import ADMISSION_RETRY_S, AdmissionRetry, Call, Chunk, ClientCore
 from rte.client.inputs import InputLoan
-from rte.client.transport import Transport
+from rte.client.transport import LateExports, Transport
 from rte.contract import Manifest, Notice
-from rte.errors import AdmissionError
+from rte.errors import AdmissionError, RequestTimeout
 from rte.overload import DEFAULT_PRIORITY
-from rte.protocol.requests import Request
+from rte.protocol.requests import Export, Request
 from rte.state import SessionState
 
 __all__ = ["ADMISSION_RETRY_S", "Chunk", "EngineClient", "until_admitted"]
@@ -56,6 +56,10 @@ class EngineClient:
         manifest: what the engine promises (shape and dtype of every chunk...).
         sessions: the sessions this client has attached and not yet seen leave.
         transport: how it reaches the engine.
+        stranded: session -> its state, for one that left and no engine took back
+            (an export given up on, carried out late, then refused on attaching
+            again; a drained session every daemon refused): attach it with
+            ``attach(s, state=client.stranded.pop(s))``.
     """
 
     def __init__(self, transport: Transport) -> None:
@@ -65,6 +69,8 @@ class EngineClient:
         self.name: str = transport.name
         self.manifest: Manifest = transport.manifest
         self.sessions: set[str] = core.sessions
+        self.stranded: dict[str, SessionState] = {}
+        self._late = LateExports(core, transport, self.stranded)  # exports given up on
 
     # -- sessions -------------------------------------------------------------
 
@@ -125,15 +131,21 @@ class EngineClient:
         frames the twin's). A daemon writes the state into a slot of this client's
         input segment, never through the ring. RequestError (it stays as it was)
         for a state bigger than an input slot, a model that exports no state or a
-        session not attached."""
+        session not attached. RequestTimeout when no answer came in ``timeout``
+        s: the engine may still carry it out, and the session is then attached
+        again where it was, going on as if never exported (its slot stays lent
+        until then: :class:`~rte.client.transport.LateExports`)."""
         timeout = arguments.timeout(timeout)
         transport = self.transport
+        if session in self._late:  # (before its slot: the session may be on its way back)
+            self._after_late(session, time.monotonic() + timeout, timeout)
         request = transport.export_into(self._core.export(session), timeout)
         try:
             answer = self._call(request, timeout)
             return transport.exported(request, int(answer.message or 0))
         finally:
-            transport.export_done(request)
+            if not self._late.keeps(request):
+                transport.export_done(request)
 
     def act(self, session: str, conditioning: Mapping[str, Any], *, timeout: float = 1.0) -> int:
         """Send an action; it applies at the session's next step. Does not wait
@@ -147,6 +159,8 @@ class EngineClient:
         """
         request = self._core.act(session, conditioning)
         timeout = arguments.timeout(timeout)
+        if self._late.by_session and self._late.hold(request):
+            return request.seq  # (its session's export given up on: sent once it ended)
         self._send(self.transport.lend(request, timeout), timeout)
         return request.seq
 
@@ -251,9 +265,10 @@ class EngineClient:
         to ``timeout`` s for something)."""
         transport = self.transport
         self._core.flush()
-        if timeout > 0 and not transport.wait(timeout):
-            return
-        self._core.sort(transport.receive(self._core.release_rows))
+        if timeout <= 0 or transport.wait(timeout):
+            self._core.sort(transport.receive(self._core.release_rows))
+        if self._late.by_session:  # (an attach again that found no room: tried again too)
+            self._late.settle()
 
     def _send(self, request: Request, timeout: float) -> None:
         """Send a lent request; one that could not be sent gives back what it was lent."""
@@ -264,17 +279,41 @@ class EngineClient:
             raise
 
     def _call(self, request: Call, timeout: float) -> Notice:
-        """Send a request and wait for its final answer (returned)."""
+        """Send a request and wait for its final answer (returned). A call on a
+        session whose export was given up on waits for that export's end first."""
         core = self._core
-        seq = core.expect(request)
         deadline = time.monotonic() + timeout
+        if request.session in self._late:
+            self._after_late(request.session, deadline, timeout)
+        seq = core.expect(request)
         try:
             self._send(self.transport.lend(request, timeout), timeout)
             while not core.answered(seq):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise core.unanswered(request, timeout)
+                    break
                 self._pump(left)
         finally:
             core.forget(seq)
+        if not core.answered(seq):
+            raise self._unanswered(request, timeout)
         return core.answer(seq)
+
+    def _unanswered(self, request: Call, timeout: float) -> RequestTimeout:
+        """What a call sent and never answered raises (an export's is kept late)."""
+        if isinstance(request, Export):
+            home = self.transport.home_of(request.session)
+            return self._late.give_up(request, home, timeout).error
+        return self._core.unanswered(request, timeout)
+
+    def _after_late(self, session: str, deadline: float, timeout: float) -> None:
+        """Wait until ``session``'s export given up on ended (attached again, or
+        refused); RequestTimeout past ``deadline``."""
+        while session in self._late:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(
+                    f"{self.name!r}: an export of {session!r} given up on earlier has not "
+                    f"ended in {timeout}s (the engine has not come round); nothing was sent"
+                )
+            self._pump(left)

@@ -11,6 +11,7 @@ The one place of a client's behaviour, whatever its transport
   the engine answers ATTACH, RESET, DETACH, SUSPEND and RESUME with notices that
   carry their seq,
   and the call returns or raises on its final one (:meth:`ClientCore.answer`);
+  an export given up on is expected still, its answer :attr:`ClientCore.late`'s;
 - **sorting**: what a transport received goes to the batch queue, to the
   answers, or to the notices nobody waits for (an action refused, an idle
   detach, an engine-wide error), and keeps the attached sessions;
@@ -43,7 +44,7 @@ import numpy as np
 
 from rte.client import arguments
 from rte.client.batch import ChunkBatch
-from rte.client.transport import Arrival, Gone
+from rte.client.transport import Arrival, Gone, LateExports
 from rte.contract import Action, Manifest, Notice, NoticeKind, Timing
 from rte.errors import AdmissionError, ClientClosedError, RequestError, RequestTimeout
 from rte.protocol.requests import (
@@ -188,6 +189,7 @@ class ClientCore:
         self._held = 0  # rows handed out and not yet released
         self._deferred: list[ChunkBatch] = []  # batches with rows released, not given back
         self.eager = False  # True: a chunk's release goes back at once (see the module)
+        self.late: LateExports | None = None  # exports given up on, on their way (the client's)
 
     # -- requests -------------------------------------------------------------
 
@@ -287,6 +289,8 @@ class ClientCore:
                 continue
             if isinstance(item, Gone):
                 self.sessions.discard(item.session)
+                if self.late is not None:
+                    self.late.lost(item.session)  # (an export given up on: never answered)
                 continue
             if item.kind is NoticeKind.ATTACHED:
                 self.sessions.add(item.session)

@@ -19,6 +19,11 @@ moves that ended. So it is never entered from inside a receive, and the
 owner's other sessions' chunks are handed out and released meanwhile. An
 action sent to a session in flight is held (:meth:`hold`) and sent once the
 session landed, where it landed: none is refused for arriving mid-move.
+
+A move whose export is given up on (no answer in its time) ends with its
+RequestTimeout, and its export is the client's
+:class:`~rte.client.transport.LateExports`' (its slot kept lent; carried out
+late, its session is attached again where it was): it is never lost.
 """
 
 from __future__ import annotations
@@ -129,6 +134,11 @@ class MovesInFlight:
         for its state while other exports hold theirs, it waits (queued) for
         theirs to come back."""
         core, pool = self._core, self._pool
+        late = core.late
+        if late is not None and move.session in late:  # (tried again once that ended)
+            late.by_session[move.session].held += self._held_queued.pop(move.session, [])
+            self._landed.append(Landed(move, "", late.busy(move.session), tag, []))
+            return
         exporting = any(isinstance(f.request, Export) for f in self._flights.values())
         room_s = 0.0 if exporting else self._room_s
         try:
@@ -194,7 +204,13 @@ class MovesInFlight:
                     self._answered(flight, int(answer.message or 0))
             elif flight.deadline <= now:
                 core.forget(seq)
-                self._failed(flight, core.unanswered(flight.request, flight.timeout))
+                request = flight.request
+                if isinstance(request, Export) and core.late is not None:  # (its slot kept)
+                    late = core.late.give_up(request, flight.move.old, flight.timeout)
+                    late.held, flight.held = flight.held, []  # (sent where it is attached again)
+                    self._end(flight, error=late.error)
+                else:
+                    self._failed(flight, core.unanswered(request, flight.timeout))
         queued, self._queued = self._queued, []
         for move, timeout, tag in queued:  # (slots came back: those waiting go now)
             self.start(move, timeout, tag)

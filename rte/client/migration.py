@@ -54,20 +54,21 @@ from typing import TYPE_CHECKING, Any
 from rte.client import arguments
 from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch
-from rte.client.core import Chunk
+from rte.client.core import Chunk, ClientCore
 from rte.client.in_flight import Landed, MovesInFlight, fly
+from rte.client.transport import send_held
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestError, RteError, UnknownSessionError
-from rte.protocol.requests import Act
 from rte.state import SessionState
 
 if TYPE_CHECKING:
     from rte.client.pool import PoolTransport
 
 MOVE_RETRY_S = 1.0  # a drained session that could not move is tried again this often
-# how long each request of a drain's move waits for its answer: long, for an export
-# given up on is still carried out by its daemon when it comes round (its state is
-# then lost: see the closing note of issue 25), and a drain is for a restart
+# how long each request of a drain's move waits for its answer. An export given up on
+# loses nothing (carried out late, its session is attached again where it was:
+# rte.client.transport.LateExports), but it costs that round trip and a retry, and a
+# drain is for a restart: no hurry
 DRAIN_MOVE_S = 30.0
 
 
@@ -276,17 +277,40 @@ def start_due(
     return news
 
 
+def advance_drained(
+    core: ClientCore,
+    pool: PoolTransport,
+    flights: MovesInFlight,
+    stranded: dict[str, SessionState],
+    timeout: float,
+    room_s: float,
+) -> dict[str, str]:
+    """Both clients' ``move_drained``: start the held-back moves now due, take those
+    that ended (their notices into ``core``, a state every daemon refused into
+    ``stranded``) and send what was held for them (waiting ``room_s`` for room);
+    session -> where it went, of those that landed now."""
+    core.sort([*start_due(pool.moves, flights, pool, core.sessions, timeout)])
+    moved: dict[str, str] = {}
+    for landed in flights.advance():
+        news = pool.moves.landed(landed, stranded)
+        core.sort([] if news is None else [news])
+        if landed.error is None:
+            moved[landed.move.session] = landed.to
+        send_held(core, pool, landed.held, room_s)  # (the session's own, where it is now)
+    return moved
+
+
 class Migrating(EngineClient):
     """:meth:`migrate` and :meth:`drain` for a client over a :class:`PoolTransport`,
     and its moves when a daemon drains (see the module).
 
     Attributes:
-        stranded: session -> its state, for a drained session every daemon refused
-            (attached nowhere: ``attach(s, state=client.stranded.pop(s))``).
+        stranded: (:class:`EngineClient`'s) session -> its state, for a drained
+            session every daemon refused too (attached nowhere:
+            ``attach(s, state=client.stranded.pop(s))``).
     """
 
     transport: PoolTransport
-    stranded: dict[str, SessionState]
     _moving: bool
     _drained: MovesInFlight  # the moves of sessions whose daemon drains, on their way
 
@@ -307,8 +331,13 @@ class Migrating(EngineClient):
         return outcome(self._fly(drain_moves(self.transport, self.sessions, name), timeout))
 
     def _fly(self, moves: list[Move], timeout: float) -> list[Landed]:
-        """Make ``moves`` at once, waiting (receiving) until each ended."""
-        return fly(self._core, self.transport, self._pump, moves, arguments.timeout(timeout))
+        """Make ``moves`` at once, waiting (receiving) until each ended (and, first,
+        until an export of theirs given up on earlier ended)."""
+        timeout = arguments.timeout(timeout)
+        deadline = time.monotonic() + timeout
+        for move in moves:
+            self._after_late(move.session, deadline, timeout)
+        return fly(self._core, self.transport, self._pump, moves, timeout)
 
     # -- a daemon drains: the moves, at the safe points -------------------------
 
@@ -344,20 +373,12 @@ class Migrating(EngineClient):
         if self._moving:
             return {}
         self._moving = True
-        pool, core, flights = self.transport, self._core, self._drained
         try:
-            core.sort([*start_due(pool.moves, flights, pool, self.sessions, timeout)])
-            moved: dict[str, str] = {}
-            for landed in flights.advance():
-                news = pool.moves.landed(landed, self.stranded)
-                core.sort([] if news is None else [news])
-                if landed.error is None:
-                    moved[landed.move.session] = landed.to
-                for held in landed.held:  # (the session's own, sent where it is now)
-                    self._send_held(held)
+            return advance_drained(
+                self._core, self.transport, self._drained, self.stranded, timeout, 1.0
+            )
         finally:
             self._moving = False
-        return moved
 
     def _follow_drain(self, timeout: float) -> float:
         """A poll's moves: take their answers as they come, until a chunk is here
@@ -372,10 +393,3 @@ class Migrating(EngineClient):
             self._pump(min(left, self._drained.wait_s() or left))
             self.move_drained()
         return max(0.0, deadline - time.monotonic())
-
-    def _send_held(self, request: Act) -> None:
-        try:
-            self._send(self.transport.lend(request, 1.0), 1.0)
-        except RteError as why:
-            text = f"action {request.seq} of {request.session!r} sent during its move: {why}"
-            self._core.sort([Notice(request.session, NoticeKind.ERROR, text, request.seq)])

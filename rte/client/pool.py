@@ -165,6 +165,18 @@ class PoolTransport(Transport):
         if member is not None:
             member.export_done(request)
 
+    def home_of(self, session: str) -> str:
+        return self.home.get(session, "")
+
+    def pin(self, session: str, first: str) -> None:
+        """Daemon ``first`` first, then the others live (its state is never stranded
+        while one takes it)."""
+        if first in self.members:
+            self.pinned[session] = [first, *(name for name in self.live() if name != first)]
+
+    def unpin(self, session: str) -> None:
+        self.pinned.pop(session, None)
+
     def _home_member(self, request: Request) -> ShmTransport | None:
         if isinstance(request, Attach):
             return None  # placed (and lent) by the placer, member by member
@@ -335,7 +347,6 @@ class PoolClient(Migrating):
         pool = self.transport
         self.members, self.missing, self.home = pool.members, pool.missing, pool.home
         self.reattach = reattach
-        self.stranded: dict[str, SessionState] = {}  # drained, refused everywhere: its state
         self._moving = False  # a drain's moves are being advanced (never re-entered)
         self._drained = MovesInFlight(self._core, pool, DRAIN_ROOM_S)
 
