@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ring_rigs import OneRing
 
 from shm import (
-    Doorbell,
     RecordTooLarge,
     Ring,
     RingCorrupt,
@@ -27,29 +27,14 @@ from shm.ring import RingStatistics
 from shm.segment import HEADER_SIZE
 
 
-class Rig:
-    def __init__(self, prefix: str, capacity: int) -> None:
-        self.segment = Segment.create(
-            shm_name(prefix, "ring"), HEADER_SIZE + Ring.footprint(capacity)
-        )
-        self.bell = Doorbell(shm_name(prefix, "bell"), create=True)
-        self.ring = Ring.create(self.segment, HEADER_SIZE, capacity, doorbell=self.bell)
-
-    def close(self) -> None:
-        self.segment.close()
-        self.segment.unlink()
-        self.bell.close()
-        self.bell.unlink()
-
-
 @pytest.fixture
-def rig(shm_prefix: str) -> Iterator[Rig]:
-    r = Rig(shm_prefix, 256)
+def rig(shm_prefix: str) -> Iterator[OneRing]:
+    r = OneRing(shm_prefix, 256)
     yield r
     r.close()
 
 
-def test_push_pop_in_order_across_many_wraps(rig: Rig) -> None:
+def test_push_pop_in_order_across_many_wraps(rig: OneRing) -> None:
     ring = rig.ring
     for i in range(2000):
         record = bytes([i % 251]) * (i % 61)
@@ -65,7 +50,7 @@ def test_push_pop_in_order_across_many_wraps(rig: Rig) -> None:
     assert stats.bytes_pushed == stats.bytes_popped
 
 
-def test_full_and_empty_edges(rig: Rig) -> None:
+def test_full_and_empty_edges(rig: OneRing) -> None:
     ring = rig.ring
     with pytest.raises(RingEmpty):
         ring.pop_nowait()
@@ -85,7 +70,7 @@ def test_full_and_empty_edges(rig: Rig) -> None:
     assert ring.pop_batch_nowait() == []
 
 
-def test_largest_record_fits_and_a_larger_one_is_refused(rig: Rig) -> None:
+def test_largest_record_fits_and_a_larger_one_is_refused(rig: OneRing) -> None:
     ring = rig.ring
     assert ring.max_record == 256 // 2 - 8
     for _ in range(5):  # at every offset, an empty ring takes the largest record
@@ -101,7 +86,7 @@ def test_largest_record_fits_and_a_larger_one_is_refused(rig: Rig) -> None:
     assert ring.pop_batch_nowait() == []
 
 
-def test_blocking_forms_time_out_with_the_typed_errors(rig: Rig) -> None:
+def test_blocking_forms_time_out_with_the_typed_errors(rig: OneRing) -> None:
     ring = rig.ring
     with pytest.raises(RingEmpty, match="stayed empty"):
         ring.pop(timeout=0.05)
@@ -118,7 +103,7 @@ def test_blocking_forms_time_out_with_the_typed_errors(rig: Rig) -> None:
     assert ring.statistics().full_events == 2  # one per refused push, not per retry
 
 
-def test_batch_pop_drains_everything_in_one_call(rig: Rig) -> None:
+def test_batch_pop_drains_everything_in_one_call(rig: OneRing) -> None:
     ring = rig.ring
     records = [bytes([i]) * i for i in range(1, 12)]
     for r in records:
@@ -127,7 +112,7 @@ def test_batch_pop_drains_everything_in_one_call(rig: Rig) -> None:
     assert ring.pop_batch_nowait() == records[3:]
 
 
-def test_peek_reads_without_consuming(rig: Rig) -> None:
+def test_peek_reads_without_consuming(rig: OneRing) -> None:
     ring = rig.ring
     ring.push_nowait(b"first")
     ring.push_nowait(b"second")
@@ -138,7 +123,7 @@ def test_peek_reads_without_consuming(rig: Rig) -> None:
     assert ring.pop_nowait() == b"first"
 
 
-def test_corrupt_bytes_are_reported_and_nothing_is_consumed(rig: Rig) -> None:
+def test_corrupt_bytes_are_reported_and_nothing_is_consumed(rig: OneRing) -> None:
     ring = rig.ring
     ring.push_nowait(b"good")
     length_field = rig.segment.bytes_at(HEADER_SIZE + 512, 8)
@@ -154,7 +139,7 @@ def test_corrupt_bytes_are_reported_and_nothing_is_consumed(rig: Rig) -> None:
     assert ring.pop_nowait() == b"after"
 
 
-def test_statistics_are_read_from_the_c_struct_by_name(rig: Rig) -> None:
+def test_statistics_are_read_from_the_c_struct_by_name(rig: OneRing) -> None:
     c_fields = {name for name, _ in ffi.typeof("shm_ring_stats_t").fields}
     ours = {f.name for f in dataclasses.fields(RingStatistics)}
     derived = {"used_bytes", "high_water_bytes", "consumer_sleeping"}
@@ -193,7 +178,9 @@ ops = st.lists(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops)
-def test_any_interleaving_matches_a_fifo_model(rig: Rig, sequence: list[tuple[str, int]]) -> None:
+def test_any_interleaving_matches_a_fifo_model(
+    rig: OneRing, sequence: list[tuple[str, int]]
+) -> None:
     ring = rig.ring
     model: collections.deque[bytes] = collections.deque()
     assert ring.statistics().used_bytes == 0

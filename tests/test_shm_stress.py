@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import shm_workers
+from ring_rigs import join
 
 from shm import Doorbell, Ring, Segment, shm_name
 from shm.segment import HEADER_SIZE
@@ -49,15 +50,6 @@ def rings(shm_prefix: str, request: pytest.FixtureRequest) -> Iterator[TwoRings]
     r.close()
 
 
-def _join(process: multiprocessing.process.BaseProcess) -> None:
-    process.join(60)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-        pytest.fail("worker process did not finish")
-    assert process.exitcode == 0
-
-
 def _stream(rings: TwoRings, count: int) -> None:
     max_payload = rings.rings[0].max_record
     producer = SPAWN.Process(
@@ -80,7 +72,7 @@ def _stream(rings: TwoRings, count: int) -> None:
         for record in rings.rings[0].pop_batch(timeout=30):
             assert shm_workers.check_record(record, max_payload) == expected
             expected += 1
-    _join(producer)
+    join(producer, "worker process")
     stats = rings.rings[0].statistics()
     assert stats.pushed == stats.popped == count
     assert stats.bytes_pushed == stats.bytes_popped
@@ -123,7 +115,7 @@ def test_no_lost_wakeups_in_a_ping_pong(rings: TwoRings) -> None:
             time.sleep(0.001)  # longer than any spin: the echo side must go to sleep
         ping.push(i.to_bytes(8, "little"), timeout=30)
         assert int.from_bytes(pong.pop(timeout=30), "little") == i
-    _join(echo)
+    join(echo, "worker process")
     assert ping.statistics().wakeups > 0  # the doorbell really was used
 
 

@@ -20,10 +20,11 @@ import psutil
 import pytest
 import wake_workers
 from daemon_harness import DaemonProcess, wait_for
+from ring_rigs import OneRing, join
 
 from rte.cli import main as rte_main
 from rte.ipc.inspect import waking
-from shm import Doorbell, Ring, Segment, WaitPolicy, shm_name, wait_any
+from shm import WaitPolicy, wait_any
 from shm.segment import HEADER_SIZE
 from shm.waiting import AdaptiveSpin, WaitTally
 
@@ -35,22 +36,6 @@ def inspect(*argv: str) -> str:
     with contextlib.redirect_stdout(out):
         assert rte_main(["inspect", *argv]) == 0
     return out.getvalue()
-
-
-class OneRing:
-    """A ring in a segment of its own, with its doorbell (both unlinked at close)."""
-
-    def __init__(self, prefix: str) -> None:
-        self.segment_name, self.bell_name = shm_name(prefix, "ring"), shm_name(prefix, "bell")
-        self.segment = Segment.create(self.segment_name, HEADER_SIZE + Ring.footprint(256))
-        self.bell = Doorbell(self.bell_name, create=True)
-        self.ring = Ring.create(self.segment, HEADER_SIZE, 256, doorbell=self.bell)
-
-    def close(self) -> None:
-        self.segment.close()
-        self.segment.unlink()
-        self.bell.close()
-        self.bell.unlink()
 
 
 @pytest.fixture
@@ -68,15 +53,6 @@ def pusher(rig: OneRing, count: int) -> multiprocessing.process.BaseProcess:
     )
     process.start()
     return process
-
-
-def join(process: multiprocessing.process.BaseProcess) -> None:
-    process.join(60)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-        pytest.fail("the producer did not finish")
-    assert process.exitcode == 0
 
 
 def test_the_spin_follows_recent_waits_within_its_bounds() -> None:
@@ -114,7 +90,7 @@ def test_a_sleep_that_a_post_ends_is_a_wakeup_on_both_sides(one_ring: OneRing) -
     try:
         assert wait_any([ring], one_ring.bell, 30.0, policy=WaitPolicy.BLOCK, tally=tally)
     finally:
-        join(producer)
+        join(producer, "the producer")
     assert tally == WaitTally(waits=2, sleeps=2, wakeups=1)
     assert ring.statistics().wakeups == 1  # the producer's post, counted in the header
 
@@ -127,7 +103,7 @@ def test_a_rings_own_waits_are_counted_in_its_tally(one_ring: OneRing) -> None:
             assert ring.wait_readable(30.0, policy=WaitPolicy.BLOCK)
             ring.pop_nowait()
     finally:
-        join(producer)
+        join(producer, "the producer")
     assert ring.tally.waits == ring.tally.sleeps == 3
     assert ring.tally.wakeups == ring.statistics().wakeups == 3
 
