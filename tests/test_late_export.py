@@ -83,6 +83,16 @@ def _attached_again(news: list[Notice]) -> None:
     assert any("carried out late" in m for m in said), news
 
 
+def _went_on_as_twin(
+    frames: dict[int, Any], news: list[Notice], said: str, twin: dict[int, Any]
+) -> None:
+    """What an event loop's test saw: the late export's news, the twin's frames, and
+    a RequestTimeout that said it may still be carried out."""
+    _attached_again(news)
+    _same_as_twin(frames, twin)
+    assert LATE in said, said
+
+
 def _no_slot_held(client: EngineClient, members: list[ShmTransport]) -> None:
     """Every slot of the client's input segments free once its sessions left."""
     for member in members:
@@ -256,10 +266,7 @@ def test_an_asyncio_pool_migrate_whose_export_timed_out_goes_on_where_it_was(
             await client.close()
         return frames, news, str(timed_out.value)
 
-    frames, news, said = asyncio.run(main())
-    _attached_again(news)
-    _same_as_twin(frames, twin)
-    assert LATE in said, said
+    _went_on_as_twin(*asyncio.run(main()), twin)
 
 
 async def _poll_until(
@@ -380,10 +387,7 @@ def test_an_asyncio_export_timed_out_is_attached_again(gate: Gate) -> None:
             await client.close()
         return frames, news, str(timed_out.value)
 
-    frames, news, said = asyncio.run(main())
-    _attached_again(news)
-    _same_as_twin(frames, twin)
-    assert LATE in said, said
+    _went_on_as_twin(*asyncio.run(main()), twin)
 
 
 def test_a_state_exported_in_time_is_the_callers() -> None:
