@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -93,6 +93,18 @@ class Deadline:
 
 def leftovers(name: str) -> list[str]:
     return DaemonNames(name).leftovers()
+
+
+@contextlib.contextmanager
+def serving(*daemons: DaemonProcess) -> Iterator[list[DaemonProcess]]:
+    """``daemons`` for a fixture to yield; after the block each one still running
+    must stop with exit 0, and what each left (one a test killed) is removed."""
+    started = list(daemons)
+    yield started
+    for d in started:
+        if d.process.poll() is None:
+            assert d.stop() == 0, d.stderr
+        DaemonNames(d.name).remove_leftovers()
 
 
 def slab_file(name: str) -> str:

@@ -9,13 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_harness import DaemonProcess, Deadline
+from daemon_harness import DaemonProcess, Deadline, serving
 from test_daemon_parking import twin_frames
 
 from rte.client import PoolClient, connect_pool
 from rte.contract import NoticeKind
 from rte.ipc.checkpoints import read_checkpoint
-from rte.protocol.names import DaemonNames
 
 EVERY = 3  # --checkpoint-every K
 ARGS = ("--model", "world", "--max-sessions", "2", "--checkpoint-every", str(EVERY))
@@ -23,12 +22,8 @@ ARGS = ("--model", "world", "--max-sessions", "2", "--checkpoint-every", str(EVE
 
 @pytest.fixture
 def daemons(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
-    started = [DaemonProcess(f"{shm_prefix}m-{i}", *ARGS) for i in range(2)]
-    yield started
-    for d in started:
-        if d.process.poll() is None:
-            assert d.stop() == 0, d.stderr
-        DaemonNames(d.name).remove_leftovers()
+    with serving(*(DaemonProcess(f"{shm_prefix}m-{i}", *ARGS) for i in range(2))) as started:
+        yield started
 
 
 def poll_into(client: PoolClient, frames: dict[int, Any]) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from daemon_harness import DaemonProcess, Deadline
+from daemon_harness import DaemonProcess, Deadline, serving
 
 from rte.client import AdmissionError, EngineGone, PoolClient, connect, connect_async, connect_pool
 from rte.contract import NoticeKind
@@ -20,15 +20,9 @@ ROWS = 2
 
 @pytest.fixture
 def daemons(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
-    started = [
-        DaemonProcess(f"{shm_prefix}p-{i}", "--model", "null", "--max-sessions", str(ROWS))
-        for i in range(2)
-    ]
-    yield started
-    for d in started:
-        if d.process.poll() is None:
-            assert d.stop() == 0, d.stderr
-        DaemonNames(d.name).remove_leftovers()
+    args = ("--model", "null", "--max-sessions", str(ROWS))
+    with serving(*(DaemonProcess(f"{shm_prefix}p-{i}", *args) for i in range(2))) as started:
+        yield started
 
 
 def stream(client: PoolClient, want: dict[str, int], seconds: float = 20) -> dict[str, list]:

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import views_workers
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 
-from rte.protocol.names import DaemonNames
 from shm import shm_name
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -57,24 +56,15 @@ class Child:
 
 @pytest.fixture
 def daemon(shm_prefix: str) -> Iterator[DaemonProcess]:
-    started = DaemonProcess(f"{shm_prefix}v", "--model", "null")
-    yield started
-    if started.process.poll() is None:
-        assert started.stop() == 0, started.stderr
-    DaemonNames(started.name).remove_leftovers()
+    with serving(DaemonProcess(f"{shm_prefix}v", "--model", "null")) as [started]:
+        yield started
 
 
 @pytest.fixture
 def pool(shm_prefix: str) -> Iterator[list[DaemonProcess]]:
-    started = [
-        DaemonProcess(f"{shm_prefix}vp-{i}", "--model", "null", "--max-sessions", "1")
-        for i in range(2)
-    ]
-    yield started
-    for d in started:
-        if d.process.poll() is None:
-            assert d.stop() == 0, d.stderr
-        DaemonNames(d.name).remove_leftovers()
+    args = ("--model", "null", "--max-sessions", "1")
+    with serving(*(DaemonProcess(f"{shm_prefix}vp-{i}", *args) for i in range(2))) as started:
+        yield started
 
 
 @pytest.mark.parametrize("form", ["batch", "slot"])
