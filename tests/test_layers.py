@@ -138,9 +138,7 @@ def _imports(path: Path) -> set[str]:
     """The modules ``path`` imports when it is imported (TYPE_CHECKING blocks and
     imports inside functions left out: they run later, or never)."""
     tree = ast.parse(path.read_text())
-    package = _module_name(path)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
+    package = _package(path)
     found: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
@@ -155,9 +153,7 @@ def _imports(path: Path) -> set[str]:
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join([package.rsplit(".", node.level - 1)[0], base]).strip(".")
+                base = _from_base(node, package)
                 for a in node.names:  # a submodule, else a name in the module
                     found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in _names() else base)
 
@@ -168,20 +164,32 @@ def _imports(path: Path) -> set[str]:
 def _every_import(path: Path) -> set[str]:
     """Every module ``path`` names in an import, wherever it is (inside functions
     and TYPE_CHECKING blocks too): a lazy import is an import all the same."""
-    package = _module_name(path)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
+    package = _package(path)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([package.rsplit(".", node.level - 1)[0], base]).strip(".")
+            base = _from_base(node, package)
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
     return found
+
+
+def _package(path: Path) -> str:
+    """The package a relative import in module ``path`` is relative to."""
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    return package
+
+
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module of ``from M import ...`` (a relative M resolved from ``package``)."""
+    base = node.module or ""
+    if node.level:
+        base = ".".join([package.rsplit(".", node.level - 1)[0], base]).strip(".")
+    return base
 
 
 @functools.cache
