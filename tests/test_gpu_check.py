@@ -215,16 +215,22 @@ def test_the_suite_fails_a_failing_gpu_test_but_not_a_budget_cut() -> None:
 # -- the first run, prepared ---------------------------------------------------------
 
 
-def test_gpu_prepare_dry_run_prints_the_plan_and_downloads_nothing(tmp_path: Path) -> None:
-    folder = tmp_path / "gpu"
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools" / "gpu_prepare.sh"), "--dry-run"],
+def gpu_prepare(flag: str, folder: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``tools/gpu_prepare.sh FLAG`` (its wheel folder ``folder``, else its own)."""
+    env = os.environ if folder is None else {**os.environ, "GPU_PREPARE_DIR": str(folder)}
+    return subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_prepare.sh"), flag],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        env={**os.environ, "GPU_PREPARE_DIR": str(folder)},
+        env=env,
     )
+
+
+def test_gpu_prepare_dry_run_prints_the_plan_and_downloads_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "gpu"
+    done = gpu_prepare("--dry-run", folder=folder)
     assert done.returncode == 0, done.stderr
     for wanted in ("posix_ipc", "cffi", "msgspec", "--python-version 3.12", "--only-binary=:all:"):
         assert wanted in done.stdout
@@ -236,9 +242,7 @@ def test_gpu_prepare_check_says_what_the_wheel_folder_lacks(tmp_path: Path) -> N
     folder = tmp_path / "gpu"
     (folder / "wheels").mkdir(parents=True)
     (folder / "wheels" / "cffi-2.1.1-cp311-cp311-manylinux2014_x86_64.whl").touch()
-    script = ["bash", str(ROOT / "tools" / "gpu_prepare.sh"), "--check"]
-    env = {**os.environ, "GPU_PREPARE_DIR": str(folder)}
-    done = subprocess.run(script, capture_output=True, text=True, timeout=60, check=False, env=env)
+    done = gpu_prepare("--check", folder=folder)
     assert done.returncode == 1
     assert "missing: " in done.stdout and "posix_ipc" in done.stdout
     assert "wrong platform" in done.stdout and "_native" in done.stdout
@@ -248,13 +252,7 @@ def test_the_prepared_wheel_folder_is_complete_when_present() -> None:
     """Where gpu_prepare.sh has run (its folder is git-ignored), --check passes."""
     if not (ROOT / ".gpu" / "wheels").is_dir():
         pytest.skip("tools/gpu_prepare.sh has not run in this checkout")
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools" / "gpu_prepare.sh"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = gpu_prepare("--check")
     assert done.returncode == 0, done.stdout
 
 
