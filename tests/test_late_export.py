@@ -40,6 +40,7 @@ from rte.models import load_model
 from rte.protocol.inputs import OWNER
 from rte.protocol.names import DaemonNames
 from rte.state import SessionState
+from shm.slots import SlotRef
 
 LAST = 14  # the chunk each test streams to
 LATE = "may still be carried out"  # what the RequestTimeout says
@@ -323,6 +324,41 @@ def test_a_late_export_whose_state_its_daemon_then_refuses_is_kept_stranded(
         client.attach("a", state=client.stranded.pop("a"), wait=10)
         _more(client, frames, LAST)
         _same_as_twin(frames, twin)
+
+
+def test_a_daemon_never_writes_a_state_into_a_slot_given_back_meanwhile(
+    daemon: DaemonProcess, gate: Gate
+) -> None:
+    """A client that gives its export's slot back while the daemon is taking the
+    state out (an older client did, on a timeout; the slot may hold its next
+    input by then): the daemon checks the slot again before it writes, writes
+    nothing there and keeps the session, which streams on as its twin (the
+    export refused: the late answer the client was waiting for)."""
+    twin = _twin()
+    with daemon.client() as client:
+        client.attach("a", {"prompt": "forest"}, credits=1)
+        frames = _frames_until(client, {"a": 3})["a"]
+        transport, sent = client.transport, []
+        export_into = transport.export_into
+        transport.export_into = lambda r, t: sent.append(export_into(r, t)) or sent[-1]  # type: ignore[method-assign]
+        gate.arm()
+        with pytest.raises(RequestTimeout):
+            client.export("a", timeout=3.0)
+        limit = Deadline(what="the daemon inside the export")
+        while not gate.inside():
+            limit.check()
+        ref, slab = sent[0].into, transport.slot.lender.slab
+        assert slab is not None
+        slab.release(SlotRef(ref.slot, ref.generation, OWNER))  # given back, then reused:
+        at = slab.data_offset + ref.slot * slab.slot_size
+        mine = slab.segment.view(at, np.dtype(np.uint8), 4096, (4096,), readonly=False)
+        mine[:] = 0xA5
+        gate.open()
+        news = _more(client, frames, LAST)
+        assert (mine == 0xA5).all(), "the daemon wrote a state into a slot given back"
+        _same_as_twin(frames, twin)
+        assert client.sessions == {"a"} and client.stranded == {}
+        assert not [n for n in news if n.kind is NoticeKind.ATTACHED], news  # never left
 
 
 def _gated_engine(gate: Gate) -> ComposedEngine:

@@ -122,6 +122,14 @@ class Inputs:
                     f"bytes exceeds the input slot of {size:,} bytes it goes to; start the "
                     f"daemon with --input-slot-kib {kib} (the session stays as it was)"
                 )
+            try:  # checked again: taking the state out may have taken a while
+                self._receive(client, "into", ref)
+            except InputRefused:
+                raise RequestError(
+                    f"session {request.session!r} not exported: its client gave the slot "
+                    "for its state back before the state was written (the session stays "
+                    "as it was)"
+                ) from None
             target[: len(data)] = np.frombuffer(data, np.uint8)
             self.drop(request.session)  # it leaves: its input slots go back soon
             return len(data)

@@ -53,7 +53,6 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, RequestError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
-from rte.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,7 @@ class RayClient(EngineClient):
         ray = self.transport
         self.router, self.hosts, self.owner = router, hosts, ray.owner
         self.places, self.home, self.lost = ray.places, ray.at, ray.lost
-        self.stranded: dict[str, SessionState] = {}
-        self._moving = False
+        self._moving = False  # (``stranded`` is EngineClient's: late exports' too)
 
     def path(self, session: str) -> str:
         """``"shm"`` when the session's daemon is on this node, else ``"ray"``."""
