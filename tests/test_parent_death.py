@@ -55,6 +55,18 @@ def line_of(process: subprocess.Popen[bytes], pattern: str, seconds: float = 60)
     return found
 
 
+def reap(process: subprocess.Popen[bytes], started: int) -> None:
+    """SIGKILL ``process`` and wait for it, close its stdout, and SIGKILL what it
+    started (pid ``started``, unless 0) if that runs on: it must not outlive us."""
+    process.kill()
+    process.wait(10)
+    assert process.stdout is not None
+    process.stdout.close()
+    if started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started, signal.SIGKILL)
+
+
 def test_a_sigkilled_demo_s_daemon_stops_and_unlinks_everything() -> None:
     demo = subprocess.Popen(
         [sys.executable, "-m", "rte", "demo", "--model", "reference", "--seconds", "600"],
@@ -76,13 +88,8 @@ def test_a_sigkilled_demo_s_daemon_stops_and_unlinks_everything() -> None:
             assert time.monotonic() < deadline, f"the daemon of a killed rte demo left {left}"
             time.sleep(0.05)
     finally:
-        demo.kill()
-        demo.wait(10)
-        assert demo.stdout is not None
-        demo.stdout.close()
+        reap(demo, daemon)
         if daemon:
-            with contextlib.suppress(ProcessLookupError):  # it served on: not after us
-                os.kill(daemon, signal.SIGKILL)
             until_ended(daemon, 10, "a daemon SIGKILLed")
         if name:
             DaemonNames(name).remove_leftovers()
@@ -111,13 +118,7 @@ def test_a_launched_child_gets_sigterm_when_its_launcher_is_sigkilled() -> None:
         launcher.wait(10)
         until_ended(child, 10, "the child of a SIGKILLed launcher")
     finally:
-        launcher.kill()
-        launcher.wait(10)
-        assert launcher.stdout is not None
-        launcher.stdout.close()
-        if child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+        reap(launcher, child)
 
 
 def test_a_child_whose_launcher_is_already_gone_does_not_start() -> None:
