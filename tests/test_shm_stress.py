@@ -7,7 +7,9 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 import pytest
 import shm_workers
@@ -35,6 +37,13 @@ class TwoRings:
             for off, bell in zip(self.offsets, self.doorbells, strict=True)
         ]
 
+    def worker(self, target: Callable[..., None], *args: Any) -> BaseProcess:
+        """``target(the segment's name, the first ring's offset, *args)``, started
+        in a spawned process."""
+        process = SPAWN.Process(target=target, args=(self.segment.name, self.offsets[0], *args))
+        process.start()
+        return process
+
     def close(self) -> None:
         self.segment.close()
         self.segment.unlink()
@@ -52,19 +61,9 @@ def rings(shm_prefix: str, request: pytest.FixtureRequest) -> Iterator[TwoRings]
 
 def _stream(rings: TwoRings, count: int) -> None:
     max_payload = rings.rings[0].max_record
-    producer = SPAWN.Process(
-        target=shm_workers.produce,
-        args=(
-            rings.segment.name,
-            rings.offsets[0],
-            rings.bells[0],
-            rings.policy,
-            count,
-            max_payload,
-            True,
-        ),
+    producer = rings.worker(
+        shm_workers.produce, rings.bells[0], rings.policy, count, max_payload, True
     )
-    producer.start()
     expected = 0
     deadline = time.monotonic() + 120
     while expected < count:
@@ -97,18 +96,7 @@ def test_no_lost_wakeups_in_a_ping_pong(rings: TwoRings) -> None:
     """Every round trip needs a wake-up on each side; the waits have no liveness
     slices, so a single lost wake-up would stall a pop for its full 30 s."""
     count = 3000
-    echo = SPAWN.Process(
-        target=shm_workers.echo,
-        args=(
-            rings.segment.name,
-            rings.offsets[0],
-            rings.offsets[1],
-            rings.bells,
-            rings.policy,
-            count,
-        ),
-    )
-    echo.start()
+    echo = rings.worker(shm_workers.echo, rings.offsets[1], rings.bells, rings.policy, count)
     ping, pong = rings.rings
     for i in range(count):
         if i % 50 == 0:
@@ -121,11 +109,7 @@ def test_no_lost_wakeups_in_a_ping_pong(rings: TwoRings) -> None:
 
 def test_producer_killed_mid_stream_leaves_only_whole_records(rings: TwoRings) -> None:
     ring = rings.rings[0]
-    producer = SPAWN.Process(
-        target=shm_workers.produce_until_killed,
-        args=(rings.segment.name, rings.offsets[0], ring.max_record),
-    )
-    producer.start()
+    producer = rings.worker(shm_workers.produce_until_killed, ring.max_record)
     expected = 0
     deadline = time.monotonic() + 60
     while expected < 3000:
