@@ -32,6 +32,7 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 def run(*argv: str) -> str:
+    """What ``rte inspect ARGV`` prints, run in this process (it must return 0)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert rte_main(["inspect", *argv]) == 0

@@ -9,8 +9,6 @@ only: counts exist and rise when a side sleeps; never how fast anything is.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import multiprocessing
 import time
@@ -21,21 +19,14 @@ import pytest
 import wake_workers
 from daemon_harness import DaemonProcess, wait_for
 from ring_rigs import OneRing, join
+from test_inspector import run as inspect
 
-from rte.cli import main as rte_main
 from rte.ipc.inspect import waking
 from shm import WaitPolicy, wait_any
 from shm.segment import HEADER_SIZE
 from shm.waiting import AdaptiveSpin, WaitTally
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-def inspect(*argv: str) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert rte_main(["inspect", *argv]) == 0
-    return out.getvalue()
 
 
 @pytest.fixture
