@@ -107,6 +107,14 @@ def serving(*daemons: DaemonProcess) -> Iterator[list[DaemonProcess]]:
         DaemonNames(d.name).remove_leftovers()
 
 
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def slab_file(name: str) -> str:
     """The file in /dev/shm that holds daemon ``name``'s slab."""
     return str(SHM_DIR / DaemonNames(name).slab.lstrip("/"))

@@ -16,22 +16,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from daemon_harness import ended
 
 from rte.ipc.inspect import summary
 from rte.launch.parentdeath import dies_with
 from rte.protocol.names import DaemonNames
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def until_ended(pid: int, seconds: float, what: str) -> None:

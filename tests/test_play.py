@@ -31,7 +31,7 @@ import aiohttp
 import numpy as np
 import psutil
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, ended
 
 from rte.ipc.inspect import summary
 from rte.launch.childlog import child_log, said
@@ -705,14 +705,6 @@ def test_a_frame_the_protocol_forbids_ends_that_tab_alone(
 
     asyncio.run(asyncio.wait_for(main(), 120))
     assert "Traceback" not in play.said(), play.said()
-
-
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_a_sigkilled_play_s_daemon_stops_and_unlinks_everything() -> None:

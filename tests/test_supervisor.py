@@ -9,8 +9,7 @@ import re
 import signal
 import time
 
-import psutil
-from daemon_harness import DaemonProcess, Deadline
+from daemon_harness import DaemonProcess, Deadline, ended
 from test_cli import one_line_error, rte_command
 
 from rte.cli.serve import OPTIONS, _children
@@ -114,14 +113,6 @@ def test_each_replica_gets_its_own_metrics_port() -> None:
     assert [c.name for c in children] == ["m-0", "m-1", "m-2"]
 
 
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie nobody reaped has ended too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_sigkilled_supervisor_s_replicas_stop_and_unlink_everything(shm_prefix: str) -> None:
     name = f"{shm_prefix}k"
     supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
@@ -132,7 +123,7 @@ def test_a_sigkilled_supervisor_s_replicas_stop_and_unlink_everything(shm_prefix
         assert len(pids) == 2, supervisor.said()
         supervisor.kill()  # SIGKILL: no finally of its runs
         limit = Deadline(what="the replicas of a killed supervisor stopped")
-        while not all(gone(pid) for pid in pids) or objects(shm_name(name)):
+        while not all(ended(pid) for pid in pids) or objects(shm_name(name)):
             limit.check((pids, objects(shm_name(name))))
             time.sleep(0.05)
     finally:
