@@ -27,7 +27,11 @@ it took: whether it is a record of rows of that head, whole, its handles in
 range and its slots published at their generations in the slab (the check a
 reader makes before it views them), and whether the slots are one run. A
 record that fails any check is handed on as "other", for the caller's own
-decoder to refuse it the way it always has.
+decoder to refuse it the way it always has. The same call adds each ready
+record's push-to-pop time to a histogram in shared memory, and
+:meth:`RowsReader.give_back` releases a record's rows and credits them
+(``shm_rows_give_back``), so neither costs the reader a Python operation per
+step beyond its one call.
 """
 
 from __future__ import annotations
@@ -36,16 +40,21 @@ import array
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from shm.errors import check_rc
 from shm.native import ffi, lib
 from shm.ring import Ring
 from shm.slab_core import SlabCore
+from shm.words import Word
 
 _WAKE = int(lib.SHM_WAKE)
 _FULL = int(lib.SHM_RING_FULL)
 OTHER = int(lib.SHM_ROWS_OTHER)  # a record the caller decodes itself
 SCATTERED = int(lib.SHM_ROWS_SCATTERED)  # ready rows whose slots are not one run
 ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # the six columns' bytes per row
+_GONE = (int(lib.SHM_SLAB_STALE), int(lib.SHM_SLAB_FOREIGN))  # a reclaimed slot: skip
+_INT64 = np.dtype(np.int64)
 
 
 def _column(code: str, c_type: str, values: Any) -> Any:
@@ -139,19 +148,61 @@ class RowsReader:
     """The consumer of ``ring`` reading records of rows whose slots lie in
     ``slab``: a head of ``head_len`` bytes starting with byte ``kind``, its row
     count the ``uint32`` at ``count_at``, then the columns :func:`push_rows`
-    writes; handles below ``handles``."""
+    writes; handles below ``handles``.
 
-    __slots__ = ("_args", "_info", "_lens", "_max", "_out", "_slab", "ring")
+    Set up once (a ``shm_rows_t`` in C, so each call passes a few pointers, not
+    a dozen numbers), it can also time what it pops and give rows back in one
+    call: ``histogram`` (words of the ring's own segment, ``uint64``): each
+    record judged ready adds its push-to-pop time there, read from the int64
+    push stamp at ``stamp_at`` of its head (log-linear buckets,
+    :func:`log_bucket`); ``owner``, ``counts`` (words of the ring's segment,
+    one per handle) and ``starved`` (a word of the ring's segment) are where
+    :meth:`give_back` releases, credits and wakes the writer.
+    """
+
+    __slots__ = ("_c", "_info", "_keep", "_lens", "_max", "_out", "_segments", "_slab", "ring")
 
     def __init__(
-        self, ring: Ring, slab: SlabCore, kind: int, head_len: int, count_at: int, handles: int
+        self,
+        ring: Ring,
+        slab: SlabCore,
+        kind: int,
+        head_len: int,
+        count_at: int,
+        handles: int,
+        *,
+        histogram: memoryview | None = None,
+        stamp_at: int = 0,
+        owner: int = 0,
+        counts: memoryview | None = None,
+        starved: Word | None = None,
     ) -> None:
         self.ring = ring
         self._slab = slab
         self._out, self._lens = ring.consumer_buffers()
+        self._segments = (ring.segment, slab.segment)  # each checked open before a call
         self._max = ring.capacity // 8
         self._info = ffi.new("int64_t[]", self._max)
-        self._args = (kind, head_len, count_at, handles)
+        c = self._c = ffi.new("shm_rows_t *")
+        c.ring, c.slab, c.out, c.out_cap = ring.handle, slab.meta, self._out, ring.capacity
+        c.lens, c.info, c.max_n = self._lens, self._info, self._max
+        c.type, c.head_len, c.count_at, c.nhandles = kind, head_len, count_at, handles
+        c.stamp_at, c.owner = stamp_at, owner
+        if histogram is not None:
+            c.histogram, c.nbuckets = _words_in(ring, histogram), len(histogram)
+        if counts is not None:
+            c.counts, c.ncounts = _words_in(ring, counts), len(counts)
+        if starved is not None:
+            if starved.segment is not ring.segment:
+                raise ValueError("the starved word must lie in the ring's own segment")
+            c.starved = ring.segment.word(starved.offset)
+        self._keep = (histogram, counts, starved)  # (their mappings outlive the pointers)
+
+    def _closed(self) -> bool:
+        """Whether the ring's or the slab's segment is closed here (its pointers
+        reach unmapped memory then)."""
+        ring, slab = self._segments
+        return ring.closed or slab.closed
 
     def pop(self) -> list[tuple[bytes, int]]:
         """Every record available now, each with its verdict: its first slot
@@ -164,18 +215,10 @@ class RowsReader:
             SegmentError: the ring's or the slab's segment is closed here.
         """
         out, lens, info = self._out, self._lens, self._info
-        n = int(
-            lib.shm_ring_pop_rows(
-                self.ring.handle,
-                self._slab.meta,
-                out,
-                self.ring.capacity,
-                lens,
-                info,
-                self._max,
-                *self._args,
-            )
-        )
+        ring, slab = self._segments
+        if ring.closed or slab.closed:  # (the pointers would reach unmapped memory)
+            self.ring.handle, self._slab.meta  # noqa: B018  (SegmentError, saying which)
+        n = int(lib.shm_rows_pop(self._c))
         if n <= 0:
             if n < 0:
                 check_rc(n, f"batch pop from {self.ring.where()}")
@@ -189,3 +232,46 @@ class RowsReader:
             records.append((unpack(out + at, size), info[i]))
             at += size
         return records
+
+    def give_back(self, record: bytes, rows: Any = None, credit: bool = True) -> bool | None:
+        """Give back rows of ``record`` (one this reader judged ready), in one C
+        call: every row's slot (``rows`` None), or those of ``rows`` (int64
+        positions; out of range skipped), released for the owner; when all were
+        and ``credit``, one to ``counts[handle]`` of each and the starved word
+        cleared. Returns whether it was set (ring the writer: it waits for these
+        credits); None when some slot was not the owner's to give back any more
+        (reclaimed: nothing credited, the others released) or a segment is
+        closed here (nothing done: nobody reads these any more)."""
+        if self._closed():
+            return None
+        if rows is None:
+            picked, npick = ffi.NULL, 0
+        else:
+            if rows.dtype != _INT64 or not rows.flags.c_contiguous:
+                rows = np.ascontiguousarray(rows, np.int64)
+            picked, npick = ffi.from_buffer("int64_t[]", rows), len(rows)
+        rc = int(lib.shm_rows_give_back(self._c, record, len(record), picked, npick, credit))
+        if rc >= 0:
+            return bool(rc & 1)
+        if rc in _GONE:
+            return None
+        check_rc(rc, f"give back of a record of rows of {len(record)} bytes")
+        return None  # pragma: no cover  (check_rc raised)
+
+
+def log_bucket(ns: int, buckets: int) -> int:
+    """The C's log-linear bucket of a duration (what :class:`RowsReader` adds to
+    its histogram): four per power of two from 128 ns, at most ``buckets - 1``."""
+    return int(lib.shm_log_bucket(ns, buckets))
+
+
+def _words_in(ring: Ring, words: memoryview) -> Any:
+    """A ``uint64_t *`` over ``words``, which must lie in ``ring``'s segment (the
+    reader checks that segment is mapped before every call), holding no export."""
+    segment = ring.segment
+    with ffi.from_buffer(words) as buffer:
+        offset = int(ffi.cast("uintptr_t", buffer)) - segment.address
+    if offset < 0 or offset % 8 or words.itemsize != 8:
+        raise ValueError("the reader's words must be uint64 words of the ring's own segment")
+    segment.ptr(offset + words.nbytes - 1)  # (SegmentError past the mapping)
+    return segment.word(offset)

@@ -23,6 +23,7 @@ import pytest
 from daemon_harness import DaemonProcess, wait_for
 
 from rte.client import ChunkBatch, ShmClient
+from rte.client.shm import StepLease
 from rte.contract import Notice, NoticeKind
 from rte.protocol.steps import NOT_JUDGED
 from rte.protocol.wire import (
@@ -84,12 +85,20 @@ def _pending(client: ShmClient) -> list[bytes]:
     return out
 
 
+def _hold(lease: Any) -> Any:
+    """What a batch's lease holds, on either path: the slots and generations it
+    gives back, for whom, and the sessions (handle, binding) it credits."""
+    step = lease.step if isinstance(lease, StepLease) else lease.sample  # the C's: the record
+    seen = lease.seen
+    held = (bytes(step.slots), bytes(step.generations), lease.transport.index)
+    return held, (seen.sessions, seen.handles, seen.tokens, bytes(seen.index), lease.bindings)
+
+
 def _face(item: Any) -> Any:
     """What a caller can see of an arrival, and where its latents lie."""
     if not isinstance(item, ChunkBatch):
         return item
     latents = [item.latents] if item.contiguous else list(item.latents)
-    sample = item.lease.sample
     return (
         item.sessions,
         item.chunks.tobytes(),
@@ -98,8 +107,7 @@ def _face(item: Any) -> Any:
         (item.emitted_ns, item.pushed_ns, item.contiguous, len(item)),
         [(a.__array_interface__["data"], a.shape, a.strides, a.dtype.str) for a in latents],
         [a.tobytes() for a in latents],
-        (bytes(sample.slots), bytes(sample.generations), sample.contiguous, sample.owner),
-        (item.lease.handles, item.lease.tokens, item.lease.bindings),
+        _hold(item.lease),
     )
 
 
@@ -138,9 +146,17 @@ def test_both_paths_make_the_same_batches_byte_for_byte(stopped: ShmClient) -> N
     # a notice between steps: the records after it lie unaligned in the C's buffer
     odd = encode_notice(Notice("s0", NoticeKind.ERROR, "odd", 0), 4096)
     every = [*records, odd, *crafted]
+    histogram = stopped.transport.slot.mailbox.block.histogram  # type: ignore[union-attr]
+    before = sum(histogram.words)
     judged = _receive(stopped, every, judging=True)
+    timed = sum(histogram.words) - before  # each step delivered timed once, in the C
     reference = _receive(stopped, every, judging=False)
     assert [_face(a) for a in judged] == [_face(b) for b in reference]
+    assert (
+        timed
+        == sum(histogram.words) - before - timed
+        == len(records) + 2 - sum(isinstance(decode_reply(r), Notice) for r in records)
+    )
     batches = [a for a in judged if isinstance(a, ChunkBatch)]
     assert len(batches) == len(records) + 2 - sum(
         isinstance(decode_reply(r), Notice) for r in records
@@ -190,9 +206,14 @@ def test_records_that_lie_are_refused_the_same_way_on_both_paths(stopped: ShmCli
     # names a session is the transport's to say, on either path
     expected = [slot if name == "handle of nobody" else NOT_JUDGED for name in lies]
     assert verdicts == [*expected, slot]
+    words = stopped.transport.slot.mailbox.block.histogram.words  # type: ignore[union-attr]
+    before = sum(words)
     judged = _receive(stopped, every, judging=True)
+    timed = sum(words) - before
     reference = _receive(stopped, every, judging=False)
     assert [_face(a) for a in judged] == [_face(b) for b in reference]
+    # timed: every STEP whole whose slots were ready (then refused for its handles, or read)
+    assert timed == sum(words) - before - timed == 4
     *refusals, last = judged
     assert isinstance(last, ChunkBatch) and last.sessions == ["s0"]
     assert len(refusals) == len(lies)

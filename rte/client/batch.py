@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,6 +37,14 @@ from rte.errors import RequestError
 # what a transport gives a batch: called with the batch and the rows (indices
 # into the transport's lease, i.e. offset by the batch's start) being released
 Release = Callable[["ChunkBatch", np.ndarray[Any, Any]], None]
+Column = np.ndarray[Any, Any] | memoryview
+
+
+class Columns(Protocol):
+    """Where a batch's per-row columns come from when first asked (see
+    :meth:`ChunkBatch.of_record`): chunk indices, generation times, receipts."""
+
+    def columns(self) -> tuple[Column, Column, Column]: ...
 
 
 class ChunkBatch:
@@ -67,6 +75,7 @@ class ChunkBatch:
         "_generated",
         "_held",
         "_release",
+        "_source",
         "_start",
         "contiguous",
         "emitted_ns",
@@ -93,12 +102,27 @@ class ChunkBatch:
         start: int = 0,
         applied: np.ndarray[Any, Any] | memoryview | Sequence[int] | None = None,
     ) -> None:
+        self._set(sessions, latents, emitted_ns, pushed_ns, taken_ns, release, lease, None)
         self._applied = applied  # None: every row 0
-        self.sessions = sessions
         self._chunks = chunks  # int64s: NumPy arrays, or a record's memoryview until asked
+        self._generated = generated_ns
+        self._start = start
+
+    def _set(
+        self,
+        sessions: list[str],
+        latents: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]],
+        emitted_ns: int,
+        pushed_ns: int,
+        taken_ns: int,
+        release: Release,
+        lease: Any,
+        source: Columns | None,
+    ) -> None:
+        """What every batch is made with (:meth:`__init__` and :meth:`of_record`)."""
+        self.sessions = sessions
         self.latents = latents
         self.contiguous = isinstance(latents, np.ndarray)
-        self._generated = generated_ns
         self.emitted_ns = emitted_ns
         self.pushed_ns = pushed_ns
         self.taken_ns = taken_ns
@@ -107,7 +131,36 @@ class ChunkBatch:
         self._held: bytearray | None = None  # per-row 1: held, once a row is released alone
         self.unreleased = len(sessions)
         self._deferred: list[int] = []  # rows released by defer_row, not yet given back
-        self._start = start
+        self._source = source  # (see of_record)
+
+    @classmethod
+    def of_record(
+        cls,
+        sessions: list[str],
+        latents: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]],
+        emitted_ns: int,
+        pushed_ns: int,
+        taken_ns: int,
+        release: Release,
+        lease: Any,
+        source: Columns,
+    ) -> ChunkBatch:
+        """A batch whose per-row columns (chunks, generation times, receipts) are
+        read from its record only when first asked (``source.columns()``; the
+        transport's lease, say). What a transport builds
+        on the path from a record to the caller (every operation there is paid
+        cold, once per step, before the caller holds the batch)."""
+        self = cls.__new__(cls)
+        self._set(sessions, latents, emitted_ns, pushed_ns, taken_ns, release, lease, source)
+        self._start = 0
+        return self
+
+    def _fill(self) -> None:
+        """The columns from the record (see :meth:`of_record`)."""
+        source = self._source
+        if source is not None:
+            self._source = None
+            self._chunks, self._generated, self._applied = source.columns()
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -115,6 +168,8 @@ class ChunkBatch:
     @property
     def chunks(self) -> np.ndarray[Any, Any]:
         """Each row's chunk index (int64; a view of the record over shared memory)."""
+        if self._source is not None:
+            self._fill()
         if not isinstance(self._chunks, np.ndarray):
             self._chunks = np.asarray(self._chunks)
         return self._chunks
@@ -122,6 +177,8 @@ class ChunkBatch:
     @property
     def generated_ns(self) -> np.ndarray[Any, Any]:
         """When each row's chunk began generating (int64)."""
+        if self._source is not None:
+            self._fill()
         if not isinstance(self._generated, np.ndarray):
             self._generated = np.asarray(self._generated)
         return self._generated
@@ -129,6 +186,8 @@ class ChunkBatch:
     @property
     def applied(self) -> np.ndarray[Any, Any]:
         """Each row's receipt (int64): the seq of the last action its chunk applied."""
+        if self._source is not None:
+            self._fill()
         if not isinstance(self._applied, np.ndarray):
             raw = self._applied
             self._applied = (
@@ -138,14 +197,20 @@ class ChunkBatch:
 
     def applied_of(self, i: int) -> int:
         """Row ``i``'s receipt, without making the array."""
+        if self._source is not None:
+            self._fill()
         return 0 if self._applied is None else int(self._applied[i])
 
     def chunk_index(self, i: int) -> int:
         """Row ``i``'s chunk index, without making the array."""
+        if self._source is not None:
+            self._fill()
         return int(self._chunks[i])
 
     def timing(self, i: int) -> Timing:
         """Row ``i``'s timestamps."""
+        if self._source is not None:
+            self._fill()
         return Timing(int(self._generated[i]), self.emitted_ns, self.pushed_ns, self.taken_ns)
 
     # -- giving back ---------------------------------------------------------
@@ -158,7 +223,11 @@ class ChunkBatch:
         if release is None:
             return
         held, n = self._held, len(self)
-        if held is None:
+        if held is None and not self._start:
+            rows = _ALL_ROWS.get(n)
+            if rows is None:
+                rows = _all_rows(n)
+        elif held is None:
             rows = np.arange(self._start, self._start + n, dtype=np.intp)
         else:
             rows = np.flatnonzero(np.frombuffer(held, np.uint8)) + self._start
@@ -230,6 +299,7 @@ class ChunkBatch:
     def tail(self, start: int) -> ChunkBatch:
         """Rows ``start`` onwards as a batch of their own (same lease), given up
         by this one: what poll_batch hands out after poll took the first rows."""
+        self._fill()
         rest = ChunkBatch(
             self.sessions[start:],
             self._chunks[start:],
@@ -272,3 +342,16 @@ class ChunkBatch:
 
 def _nothing(batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
     return None
+
+
+_ALL_ROWS: dict[int, np.ndarray[Any, Any]] = {}  # read-only 0..n-1, by n (see _all_rows)
+
+
+def _all_rows(n: int) -> np.ndarray[Any, Any]:
+    """Rows ``0 .. n-1``, read-only: what a whole batch's release gives back, made
+    once per size (a NumPy call costs tens of microseconds on a cold path)."""
+    rows = np.arange(n, dtype=np.intp)
+    rows.flags.writeable = False
+    if n <= 4096:
+        _ALL_ROWS[n] = rows
+    return rows

@@ -16,12 +16,17 @@ record per step, however many sessions, naming the slab slots the engine wrote
 that step's chunks into (one run of slots, read in place as one array). One
 C call pops the records and judges each STEP (whole, its handles in range, its
 slots published: :func:`~rte.protocol.steps.step_reader`), and the batch is
-viewed from that verdict; a record that fails a check, and every record with
-``judging`` off (``RTE_PURE_PYTHON=1``), goes through the Python reference,
-which decodes and checks it itself and says what is wrong. A
-released batch goes back in one C call; the transport counts what was consumed
-per session in its credit block, and rings the daemon's doorbell only when the
-daemon sleeps for want of this client's credits.
+viewed from that verdict, the same call timing its delivery; a record that
+fails a check, and every record with ``judging`` off (``RTE_PURE_PYTHON=1``),
+goes through the Python reference, which decodes and checks it itself and says
+what is wrong. From the pop to the caller runs cold, once a step (about a
+microsecond a Python operation), so a judged batch is the least that can be
+made there: its sessions are what was :class:`~rte.client.slot.Seen` of its
+handles, its view of a run is made once, its columns are read when asked, and
+the pop is noted for the daemon's idle limit at the next wait or give back. A
+released batch goes back in one C call that releases its slots, credits its
+sessions in the credit block and says whether the daemon sleeps for want of
+this client's credits (then, and only then, the doorbell rings).
 
 Waiting for a paced daemon (``rte serve --pace-hz``), the client sleeps until
 just before the daemon's published next tick, then spins until the step's
@@ -35,7 +40,6 @@ what it means for the caller.
 from __future__ import annotations
 
 import time
-from array import array
 from typing import Any, cast
 
 import numpy as np
@@ -44,41 +48,30 @@ from rte.client.base import EngineClient
 from rte.client.batch import ChunkBatch, Release
 from rte.client.daemon import meaning
 from rte.client.inputs import InputLoan
-from rte.client.slot import ClientSlot
+from rte.client.slot import ClientSlot, SampleLease, Seen, StepLease
+from rte.client.slot import SlotLease as SlotLease  # noqa: PLC0414 (pool and ray import it)
 from rte.client.transport import Arrival, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, WireError
 from rte.protocol.control import Control
 from rte.protocol.requests import Export, Request
-from rte.protocol.steps import IN_PLACE, NOT_JUDGED, judged_step, step_reader
-from rte.protocol.wire import StepColumns, decode_reply, encode_request, reply_handle
+from rte.protocol.steps import FIXED_AT, IN_PLACE, NOT_JUDGED, step_reader
+from rte.protocol.wire import (
+    STEP,
+    STEP_AT,
+    StepColumns,
+    decode_reply,
+    encode_request,
+    reply_handle,
+)
 from rte.state import SessionState
-from shm import BatchSample, Counts, ForeignSlot, Ring, ShmError, StaleSlot, WaitPolicy
+from shm import Counts, Ring, ShmError, WaitPolicy
 
 TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
 TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
-
-
-class SlotLease:
-    """A batch's hold on its slab slots, and which sessions (handle, binding) it
-    credits (``index``: the handles as ``uint32`` words, for the one C call)."""
-
-    __slots__ = ("bindings", "handles", "index", "sample", "tokens", "transport")
-
-    def __init__(
-        self,
-        transport: ShmTransport,
-        sample: BatchSample,
-        handles: list[int],
-        tokens: list[int],
-        bindings: int,
-    ) -> None:
-        self.transport = transport  # the one that gives the slots back
-        self.sample = sample
-        self.handles = handles
-        self.index = array("I", handles)
-        self.tokens = tokens
-        self.bindings = bindings  # the transport's binding changes when it was made
+NOTE_EVERY_NS = 10_000_000  # the pops noted for the daemon's idle limit: one in this long
+SEEN_MAX = 4096  # handle sets remembered at once (a client's steps repeat a few)
+_FIXED = STEP.unpack_from  # a STEP's n, flags, emitted_ns, pushed_ns
 
 
 class ShmTransport(Transport):
@@ -110,8 +103,10 @@ class ShmTransport(Transport):
         self.control: Control = slot.control
         self.inbox: Ring = mailbox.inbox
         self.outbox: Ring = mailbox.outbox
-        self._block, self._note_pop, self._check = mailbox.block, mailbox.note_pop, slot.check
-        self._consumed = Counts(mailbox.block.tally)  # a batch's credits in one C call
+        block = mailbox.block
+        self._block, self._note_pop, self._check = block, mailbox.note_pop, slot.check
+        self._unnoted = self._note_due = 0  # a pop not yet noted in the mailbox (see _noted)
+        self._consumed = Counts(block.tally)  # a batch's credits in one C call
         self._lender = slot.lender
         self._dtype = np.dtype(self.manifest.latent_dtype)
         self._shape = self.manifest.latent_shape
@@ -123,8 +118,14 @@ class ShmTransport(Transport):
         self._tokens = [0] * sessions  # bindings of each handle so far
         self._bindings = 0  # changes of any handle's binding so far (see give_back)
         self._every: np.ndarray[Any, Any] | None = None  # the slab's slots as one view
+        self._seen: dict[bytes, Seen] = {}  # by a STEP's handle column, until a binding changes
+        self._blocks: dict[int, Any] = slot.slab.segment.view_cache()  # runs' views: see _judged
+        self._rows = sessions + 1  # (more than a STEP's rows: handles are distinct)
         self.judging = IN_PLACE  # pop and judge STEPs in C (else the Python reference)
-        self.reader = step_reader(self.outbox, slot.slab, sessions)
+        words = {"histogram": block.histogram.words, "counts": block.tally}
+        self.reader = step_reader(
+            self.outbox, slot.slab, sessions, owner=slot.index, starved=block.starved, **words
+        )
 
     @property
     def index(self) -> int:
@@ -171,7 +172,7 @@ class ShmTransport(Transport):
 
     def receive(self, release: Release) -> list[Arrival]:
         try:
-            if self.judging:  # one C call: popped, and each STEP judged ready or not
+            if self.judging:  # one C call: popped, each STEP judged ready or not, and timed
                 records = self.reader.pop()
             else:  # the Python reference
                 records = [(raw, NOT_JUDGED) for raw in self.outbox.pop_batch_nowait()]
@@ -180,12 +181,13 @@ class ShmTransport(Transport):
         if not records:
             return []
         taken = time.monotonic_ns()
-        self._note_pop(taken)
+        if taken >= self._note_due:  # noted once the caller holds it (see _noted)
+            self._unnoted = taken
         out: list[Arrival] = []
         for raw, first in records:
             try:
                 if first != NOT_JUDGED:  # whole, handles in range, slots ready (the C)
-                    out.append(self._judged(judged_step(raw), first, taken, release))
+                    out.append(self._judged(raw, first, taken, release))
                     continue
                 item = decode_reply(raw)  # a STEP: its columns, no NumPy call
                 if isinstance(item, StepColumns):
@@ -200,6 +202,14 @@ class ShmTransport(Transport):
                 out.append(Notice("", NoticeKind.ERROR, f"unreadable record: {exc}"))
         return out
 
+    def _noted(self) -> None:
+        """Note a pop in the mailbox (for the daemon's idle limit, in seconds) off
+        the path from a record to its caller, at the next wait or give back, and
+        at most every NOTE_EVERY_NS."""
+        unnoted, self._unnoted = self._unnoted, 0
+        self._note_due = unnoted + NOTE_EVERY_NS
+        self._note_pop(unnoted)
+
     def ready(self) -> bool:
         """Whether a record waits (nothing popped)."""
         return bool(self.outbox.used())
@@ -208,6 +218,8 @@ class ShmTransport(Transport):
         """Wait for a record by the policy; around a paced daemon's tick, sleep
         until just before it and spin until the step's record lands."""
         ring, check = self.outbox, self._check
+        if self._unnoted:
+            self._noted()
         try:
             if ring.used():
                 return True
@@ -229,46 +241,21 @@ class ShmTransport(Transport):
 
     def _batch(self, step: StepColumns, taken: int, release: Release) -> ChunkBatch:
         """The reference: a decoded STEP's slots checked, then viewed."""
-        sessions = list(map(self._names.__getitem__, step.handles))
-        if None in sessions:
-            raise WireError(f"STEP names handles {step.handles}, not all attached")
         sample = self.slot.slab.receive_batch(
             self.slot.index, step.slots, step.generations, self._dtype, self._shape
         )
-        return self._batch_of(step, sessions, sample, taken, release)
-
-    def _judged(self, step: StepColumns, first: int, taken: int, release: Release) -> ChunkBatch:
-        """A STEP the C judged as it popped it: viewed from its verdict."""
-        sessions = list(map(self._names.__getitem__, step.handles))
-        if None in sessions:
-            raise WireError(f"STEP names handles {step.handles}, not all attached")
-        every = self._every
-        if every is None:  # (a LayoutError as the reference's, at the first batch)
-            slab = self.slot.slab
-            dt = slab.layout(self._dtype, self._shape)[0]
-            every = self._every = slab.typed(dt, self._shape, True)
-        sample = BatchSample.judged(
-            self.slot.slab, self.slot.index, step.slots, step.generations, every, first
-        )
-        return self._batch_of(step, sessions, sample, taken, release)
-
-    def _batch_of(
-        self,
-        step: StepColumns,
-        sessions: list[str | None],
-        sample: BatchSample,
-        taken: int,
-        release: Release,
-    ) -> ChunkBatch:
+        self._block.histogram.add(taken - step.pushed_ns)  # (the C's adds, on its path)
         handles = step.handles
-        self._block.histogram.add(taken - step.pushed_ns)
+        sessions = list(map(self._names.__getitem__, handles))
+        if None in sessions:
+            raise WireError(f"STEP names handles {handles}, not all attached")
         tokens = list(map(self._tokens.__getitem__, handles))
-        lease = SlotLease(self, sample, handles, tokens, self._bindings)
-        latents = sample.block if sample.block is not None else sample.rows
+        seen = Seen(self, cast(list[str], sessions), handles, tokens, self._bindings)
+        lease = SampleLease(sample, seen)
         return ChunkBatch(
             cast(list[str], sessions),  # no None left: checked above
             step.chunks,
-            latents,
+            sample.block if sample.block is not None else sample.rows,
             step.generated_ns,
             emitted_ns=step.emitted_ns,
             pushed_ns=step.pushed_ns,
@@ -278,12 +265,56 @@ class ShmTransport(Transport):
             applied=step.applied,
         )
 
+    def _judged(self, raw: bytes, first: int, taken: int, release: Release) -> ChunkBatch:
+        """A STEP the C judged as it popped it: viewed from its verdict, its
+        sessions from what was :class:`Seen` of its handles, its columns read
+        only when asked (what runs here runs cold, once a step, before the
+        caller holds the batch)."""
+        n, _, emitted, pushed, _ = _FIXED(raw, FIXED_AT)
+        at = STEP_AT + 32 * n
+        key = raw[at : at + 4 * n]  # the handle column
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._see(key)
+        every, blocks = self._every, self._blocks
+        assert every is not None  # (made by _see)
+        if first >= 0:  # one run: its view made once (a NumPy call costs ~5 us cold)
+            latents = blocks.get(first * self._rows + n)
+            if latents is None:
+                if len(blocks) >= SEEN_MAX:
+                    blocks.clear()
+                latents = blocks[first * self._rows + n] = every[first : first + n]
+        else:  # ready, not one run
+            latents = [every[s] for s in memoryview(raw)[STEP_AT : STEP_AT + 8 * n].cast("Q")]
+        lease = StepLease(raw, seen)
+        return ChunkBatch.of_record(
+            seen.sessions[:], latents, emitted, pushed, taken, release, lease, lease
+        )
+
+    def _see(self, key: bytes) -> Seen:
+        """What a STEP's handle column names now (WireError unless all attached)."""
+        handles = memoryview(key).cast("I").tolist()
+        sessions = list(map(self._names.__getitem__, handles))
+        if None in sessions:
+            raise WireError(f"STEP names handles {handles}, not all attached")
+        if self._every is None:  # (a LayoutError as the reference's, at the first batch)
+            slab = self.slot.slab
+            dt = slab.layout(self._dtype, self._shape)[0]
+            self._every = slab.typed(dt, self._shape, True)
+        if len(self._seen) >= SEEN_MAX:
+            self._seen.clear()
+        tokens = list(map(self._tokens.__getitem__, handles))
+        seen = Seen(self, cast(list[str], sessions), handles, tokens, self._bindings)
+        self._seen[key] = seen
+        return seen
+
     def _bind(self, session: str, handle: int) -> None:
         if not 0 <= handle < len(self._names):
             raise WireError(f"ATTACHED {session!r} names handle {handle}, past this daemon's")
         if self._handle_of.get(session) == handle and self._names[handle] == session:
             return  # attached again, no DETACHED between: the daemon kept the binding
         self._unbind(session)
+        self._seen.clear()
         self._names[handle] = session
         self._handle_of[session] = handle
         self._tokens[handle] += 1
@@ -293,6 +324,7 @@ class ShmTransport(Transport):
     def _unbind(self, session: str) -> None:
         handle = self._handle_of.pop(session, None)
         if handle is not None and self._names[handle] == session:
+            self._seen.clear()
             self._names[handle] = None
             self._tokens[handle] += 1  # its chunks released from now on credit nobody
             self._bindings += 1
@@ -300,20 +332,29 @@ class ShmTransport(Transport):
 
     def give_back(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
         lease: SlotLease = batch.lease
-        whole = len(rows) == len(lease.sample)
-        try:
-            if whole:
-                lease.sample.release()
-            else:
-                lease.sample.release_rows(rows)
-        except (StaleSlot, ForeignSlot):
-            return  # not ours any more (reclaimed): nothing to give back or credit
-        if lease.bindings == self._bindings:  # no binding changed since: every row credits
-            self._consumed.add_ones(lease.index, None if whole else rows)
-        else:
-            tokens, handles = self._tokens, lease.handles
-            live = [r for r in rows.tolist() if tokens[handles[r]] == lease.tokens[r]]
-            self._consumed.add_ones(lease.index, np.array(live, np.int64))
+        if self._unnoted:
+            self._noted()
+        seen = lease.seen
+        whole = len(rows) == len(seen.handles)
+        stands = seen.bindings == self._bindings  # no binding changed since: every row credits
+        if isinstance(lease, StepLease):  # one C call: released, credited, the daemon fed
+            fed = self.reader.give_back(lease.record, None if whole else rows, stands)
+            if fed is None:
+                return  # not ours any more (reclaimed): nothing to give back or credit
+            if stands:
+                if fed:  # the daemon sleeps for want of our credits
+                    self.slot.bell.ring()
+                return
+        else:  # the reference: the sample's release, then the credits
+            assert isinstance(lease, SampleLease)
+            if not lease.release(rows):
+                return
+            if stands:
+                self._consumed.add_ones(seen.index, None if whole else rows)
+        if not stands:  # only rows of bindings that stand credit
+            tokens, handles, was = self._tokens, seen.handles, seen.tokens
+            live = [r for r in rows.tolist() if tokens[handles[r]] == was[r]]
+            self._consumed.add_ones(seen.index, np.array(live, np.int64))
         if self._block.feed():  # the daemon sleeps for want of our credits
             self.slot.bell.ring()
 

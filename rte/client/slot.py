@@ -16,14 +16,21 @@ right after a close finds the room this client had. Liveness: the daemon's
 state word is read at every check, its pid and start time at most every
 :data:`LIVENESS_EVERY_S`; a dead or stopping daemon, or one that revoked this
 client, is :class:`~rte.errors.EngineGone`.
+
+A batch of chunks it takes from there holds slab slots: a :class:`SlotLease`,
+the Python reference's :class:`SampleLease` or the judged path's
+:class:`StepLease` (its STEP record itself), with what was :class:`Seen` of the
+sessions its rows credit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from array import array
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import psutil
 
 from rte.client.daemon import meaning, open_control
@@ -35,9 +42,23 @@ from rte.protocol.control import KIND_CLAIMS, KIND_MAILBOX, KIND_SLAB, Control, 
 from rte.protocol.mailbox import Mailbox
 from rte.protocol.names import DaemonNames
 from rte.protocol.rows import free_rows
-from rte.protocol.wire import Bye, encode_request
-from shm import Doorbell, RingFull, Segment, ShmError, Slab, is_alive
+from rte.protocol.steps import judged_step
+from rte.protocol.wire import Bye, StepColumns, encode_request
+from shm import (
+    BatchSample,
+    Doorbell,
+    ForeignSlot,
+    RingFull,
+    Segment,
+    ShmError,
+    Slab,
+    StaleSlot,
+    is_alive,
+)
 from shm.fifo import FifoBell
+
+if TYPE_CHECKING:
+    from rte.client.shm import ShmTransport
 from shm.segment import HEADER_SIZE
 
 LIVENESS_EVERY_S = 0.1
@@ -219,3 +240,97 @@ class ClientSlot:
         for thing in reversed(self._opened):
             thing.close()
         self._opened.clear()
+
+
+# -- a batch's hold on the slab slots its chunks lie in ---------------------------
+
+
+class Seen:
+    """What ``transport`` knows of one set of handles (a STEP's handle column)
+    while no binding changes (``bindings``: its count of changes then): their
+    sessions, binding tokens and ``uint32`` index, made once, not per step."""
+
+    __slots__ = ("bindings", "handles", "index", "sessions", "tokens", "transport")
+
+    def __init__(
+        self,
+        transport: ShmTransport,
+        sessions: list[str],
+        handles: list[int],
+        tokens: list[int],
+        bindings: int,
+    ) -> None:
+        self.transport = transport
+        self.sessions = sessions
+        self.handles = handles
+        self.index = array("I", handles)
+        self.tokens = tokens
+        self.bindings = bindings
+
+
+class SlotLease:
+    """A batch's hold on its slab slots, and what was :class:`Seen` of the
+    sessions its rows credit: given back by ``transport``; ``bindings``: the
+    transport's binding changes when it was made (a row credits its session
+    only while its binding stands)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self, seen: Seen) -> None:
+        self.seen = seen
+
+    @property
+    def transport(self) -> ShmTransport:
+        return self.seen.transport
+
+    @property
+    def bindings(self) -> int:
+        return self.seen.bindings
+
+
+class SampleLease(SlotLease):
+    """The Python reference's hold: ``sample``, checked and viewed in Python."""
+
+    __slots__ = ("sample",)
+
+    def __init__(self, sample: BatchSample, seen: Seen) -> None:
+        self.sample = sample
+        self.seen = seen
+
+    def release(self, rows: np.ndarray[Any, Any]) -> bool:
+        """The sample's ``rows`` released (all in one call when they are all of
+        them); False when some were not this client's any more (reclaimed:
+        nothing to credit)."""
+        sample = self.sample
+        try:
+            if len(rows) == len(sample):
+                sample.release()
+            else:
+                sample.release_rows(rows)
+        except (StaleSlot, ForeignSlot):
+            return False
+        return True
+
+
+class StepLease(SlotLease):
+    """The hold of a batch the C judged: its STEP ``record`` itself, whose
+    columns the C reads again to give the slots back and credit them
+    (:meth:`shm.steps.RowsReader.give_back`). Two words a step: the rest is
+    asked of them."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: bytes, seen: Seen) -> None:
+        self.record = record
+        self.seen = seen
+
+    @property
+    def step(self) -> StepColumns:
+        """The record's columns (decoded when asked: for tests and tools)."""
+        return judged_step(self.record)
+
+    def columns(self) -> tuple[memoryview, memoryview, memoryview]:
+        """Its chunk indices, generation times and receipts: what its batch reads
+        when first asked (:meth:`~rte.client.batch.ChunkBatch.of_record`)."""
+        step = judged_step(self.record)
+        return step.chunks, step.generated_ns, step.applied

@@ -29,16 +29,17 @@ from rte.protocol.wire import (
     HEADER,
     STEP,
     STEP_AT,
-    STEP_ROW_BYTES,
     RecordType,
     StepColumns,
     encode_step,
     stamp_pushed,
+    step_of,
 )
 from shm import RingCorrupt
 from shm.ring import Ring
 from shm.slab_core import SlabCore
 from shm.steps import OTHER, RowsReader, push_rows
+from shm.words import Word
 
 IN_PLACE = os.environ.get("RTE_PURE_PYTHON", "") != "1"
 """Whether STEP records go into rings in place (C), and clients judge them as
@@ -141,29 +142,45 @@ NOT_JUDGED = OTHER
 """The verdict on every record the Python reference pops: decode it."""
 
 
-def step_reader(ring: Ring, slab: SlabCore, handles: int) -> RowsReader:
-    """The C reader of a client's outbox (``shm_ring_pop_rows``): each record
+def step_reader(
+    ring: Ring,
+    slab: SlabCore,
+    handles: int,
+    *,
+    histogram: memoryview | None = None,
+    owner: int = 0,
+    counts: memoryview | None = None,
+    starved: Word | None = None,
+) -> RowsReader:
+    """The C reader of a client's outbox (``shm_rows_pop``): each record
     popped is judged in the same call, a STEP whole, its handles below
     ``handles`` and its slots published in ``slab`` getting the verdict that
-    :func:`judged_step` may read it unchecked."""
-    return RowsReader(ring, slab, RecordType.STEP, STEP_AT, HEADER.size, handles)
+    :func:`judged_step` may read it unchecked; the same call adds its
+    pushed-to-taken time to ``histogram`` (the client block's). Its
+    :meth:`~shm.steps.RowsReader.give_back` releases a judged STEP's rows for
+    ``owner`` and credits them in ``counts`` (by handle), clearing ``starved``."""
+    return RowsReader(
+        ring,
+        slab,
+        RecordType.STEP,
+        STEP_AT,
+        HEADER.size,
+        handles,
+        histogram=histogram,
+        stamp_at=_PUSHED_AT,
+        owner=owner,
+        counts=counts,
+        starved=starved,
+    )
+
+
+FIXED_AT = HEADER.size
+"""Where a STEP's fixed part (:data:`~rte.protocol.wire.STEP`: n, flags,
+emitted_ns, pushed_ns) begins: ``STEP.unpack_from(record, FIXED_AT)``."""
 
 
 def judged_step(record: bytes) -> StepColumns:
     """The columns of a STEP record the C judged whole (:func:`step_reader`):
     :func:`~rte.protocol.wire.step_columns` without the checks the C made."""
-    n = (len(record) - STEP_AT) // STEP_ROW_BYTES
-    _, flags, emitted, pushed, _ = STEP.unpack_from(record, HEADER.size)
-    view = memoryview(record)
-    words = view[STEP_AT : STEP_AT + 32 * n]
-    return StepColumns(
-        bool(flags & 1),
-        emitted,
-        pushed,
-        words[: 8 * n].cast("Q"),
-        words[8 * n : 16 * n].cast("Q"),
-        words[16 * n : 24 * n].cast("q"),
-        words[24 * n :].cast("q"),
-        view[STEP_AT + 32 * n : STEP_AT + 36 * n].cast("I").tolist(),
-        view[STEP_AT + 36 * n :].cast("I"),
-    )
+    n, flags, emitted, pushed, _ = STEP.unpack_from(record, FIXED_AT)
+    return step_of(record, n, flags, emitted, pushed)

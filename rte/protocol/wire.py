@@ -301,6 +301,14 @@ def step_columns(record: bytes) -> StepColumns | None:
     n, flags, emitted, pushed, _ = STEP.unpack_from(record, HEADER.size)
     if n < 1 or len(record) != STEP_AT + n * STEP_ROW_BYTES:
         raise WireError(f"STEP of {n} chunks does not match its {len(record)} bytes")
+    return step_of(record, n, flags, emitted, pushed)
+
+
+def step_of(record: bytes, n: int, flags: int, emitted: int, pushed: int) -> StepColumns:
+    """The columns of a STEP record of ``n`` rows whose fixed part says ``flags``,
+    ``emitted`` and ``pushed``, unchecked: the one place the column views are
+    built (:func:`step_columns` after its checks, and
+    :func:`rte.protocol.steps.judged_step` after the C's)."""
     view = memoryview(record)
     words = view[STEP_AT : STEP_AT + 32 * n]
     return StepColumns(

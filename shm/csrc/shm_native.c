@@ -913,3 +913,95 @@ int64_t shm_ring_pop_rows(const shm_ring_t *ring, const shm_slab_t *slab, void *
     }
     return got;
 }
+
+/* -- a reader of records of rows: its pops timed, its give backs one call ----- */
+
+uint64_t shm_log_bucket(int64_t ns, uint64_t nbuckets) {
+    if (ns <= 0 || nbuckets == 0) return 0;
+    const uint64_t v = (uint64_t)ns;
+    const uint64_t bits = 64u - (uint64_t)__builtin_clzll(v);
+    if (bits <= 7) return 0;
+    const uint64_t index = 4u * (bits - 7u) + ((v >> (bits - 3u)) & 3u);
+    return index < nbuckets ? index : nbuckets - 1;
+}
+
+/* shm_ring_pop_rows with the reader's settings and buffers; then, for every record judged
+   ready (info[k] != SHM_ROWS_OTHER), adds the time from its push stamp to now
+   to the reader's histogram (single writer: plain adds). Same return. */
+int64_t shm_rows_pop(const shm_rows_t *r) {
+    const uint64_t *lens = r->lens;
+    const int64_t *info = r->info;
+    const int64_t got = shm_ring_pop_rows(r->ring, r->slab, r->out, r->out_cap, r->lens, r->info,
+                                          r->max_n, r->type, r->head_len, r->count_at,
+                                          r->nhandles);
+    if (got <= 0 || r->histogram == NULL || r->stamp_at + 8 > r->head_len) return got;
+    const int64_t now = (int64_t)now_ns();
+    const uint8_t *rec = (const uint8_t *)r->out;
+    for (int64_t k = 0; k < got; rec += lens[k], k++) {
+        if (info[k] == SHM_ROWS_OTHER) continue;
+        int64_t stamp;
+        memcpy(&stamp, rec + r->stamp_at, 8);
+        bump(&r->histogram[shm_log_bucket(now - stamp, r->nbuckets)], 1);
+    }
+    return got;
+}
+
+/* Gives back rows of a record this reader judged (`rec`, `len` bytes): the
+   slot of each row (all of them when pick is NULL, else rows pick[0..npick),
+   positions out of range skipped) released for r->owner, every other slot
+   still released after a refusal. When every one was released and `credit`:
+   one to counts[handle] of each (a release add, as shm_add_ones), then the
+   starved word cleared. Returns the first refusal's code (nothing credited),
+   else 2 * released + 1 when the starved word was set (the caller rings the
+   writer), 2 * released when not; SHM_BAD_ARGUMENT for a record that is not
+   one of rows of this reader's head. */
+int64_t shm_rows_give_back(const shm_rows_t *r, const uint8_t *rec, uint64_t len,
+                           const int64_t *pick, uint64_t npick, int credit) {
+    const shm_slab_t *slab = r->slab;
+    uint32_t n32;
+    if (len < r->head_len || r->count_at + 4 > r->head_len) return SHM_BAD_ARGUMENT;
+    memcpy(&n32, rec + r->count_at, 4);
+    const uint64_t n = n32;
+    if (len != r->head_len + n * (8 + 8 + 8 + 8 + 4 + 4)) return SHM_BAD_ARGUMENT;
+    const uint8_t *col = rec + r->head_len;
+    const uint64_t m = pick == NULL ? n : npick;
+    int64_t first = SHM_OK;
+    uint64_t done = 0;
+    for (uint64_t k = 0; k < m; k++) {
+        uint64_t i = k, slot, generation;
+        if (pick != NULL) {
+            if (pick[k] < 0 || (uint64_t)pick[k] >= n) continue;
+            i = (uint64_t)pick[k];
+        }
+        memcpy(&slot, col + 8 * i, 8);
+        memcpy(&generation, col + 8 * (n + i), 8);
+        const int rc = shm_slab_release(slab, slot, generation, r->owner);
+        if (rc == SHM_OK)
+            done++;
+        else if (first == SHM_OK)
+            first = rc;
+    }
+    if (first != SHM_OK) return first;
+    int64_t out = (int64_t)(2 * done);
+    if (!credit) return out;
+    if (r->counts != NULL) {
+        for (uint64_t k = 0; k < m; k++) {
+            uint64_t i = k;
+            uint32_t handle;
+            if (pick != NULL) {
+                if (pick[k] < 0 || (uint64_t)pick[k] >= n) continue;
+                i = (uint64_t)pick[k];
+            }
+            memcpy(&handle, col + 32 * n + 4 * i, 4);
+            if (handle < r->ncounts) __atomic_fetch_add(&r->counts[handle], 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (r->starved != NULL) {
+        uint64_t expected = 1;
+        /* full barrier after the counts, as ClientBlock.feed's cas */
+        if (__atomic_compare_exchange_n(r->starved, &expected, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            out += 1;
+    }
+    return out;
+}

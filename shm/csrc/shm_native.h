@@ -145,3 +145,35 @@ uint64_t shm_slab_held(const shm_slab_t *slab, uint64_t owner);
 int64_t shm_ring_pop_rows(const shm_ring_t *ring, const shm_slab_t *slab, void *out,
                           uint64_t out_cap, uint64_t *lens, int64_t *info, uint64_t max_n,
                           uint64_t type, uint64_t head_len, uint64_t count_at, uint64_t nhandles);
+
+/* -- a reader of records of rows, set up once: what its pops time and where
+   its give backs go (shm/steps.py RowsReader). Pointers are into the ring's
+   own segment, or NULL for none; the caller checks the segments are mapped
+   before each call. */
+typedef struct {
+    uint64_t type;       /* the records' first byte */
+    uint64_t head_len;   /* bytes of the head (8-aligned), then the columns */
+    uint64_t count_at;   /* byte of the head holding the u32 row count */
+    uint64_t nhandles;   /* handles below this pass the judge */
+    uint64_t stamp_at;   /* byte of the head holding the int64 push time */
+    uint64_t *histogram; /* nbuckets words: a judged record's push-to-pop time, or NULL */
+    uint64_t nbuckets;
+    uint64_t *counts;    /* one added at counts[handle] per row given back, or NULL */
+    uint64_t ncounts;
+    uint64_t *starved;   /* the writer's "waits for credits" word (1 -> 0), or NULL */
+    uint64_t owner;      /* the slab owner whose slots are given back */
+    const shm_ring_t *ring; /* the ring popped, the slab its slots lie in */
+    const shm_slab_t *slab;
+    void *out;           /* where records are popped to (out_cap bytes), their */
+    uint64_t out_cap;    /* lengths and verdicts (max_n each) */
+    uint64_t *lens;
+    int64_t *info;
+    uint64_t max_n;
+} shm_rows_t;
+
+/* The log-linear bucket of a duration: four per power of two from 128 ns,
+   bucket 0 below, nbuckets - 1 at most (rte/protocol/latency.py's bucket). */
+uint64_t shm_log_bucket(int64_t ns, uint64_t nbuckets);
+int64_t shm_rows_pop(const shm_rows_t *rows);
+int64_t shm_rows_give_back(const shm_rows_t *rows, const uint8_t *rec, uint64_t len,
+                           const int64_t *pick, uint64_t npick, int credit);
