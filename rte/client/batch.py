@@ -40,6 +40,9 @@ Release = Callable[["ChunkBatch", np.ndarray[Any, Any]], None]
 Column = np.ndarray[Any, Any] | memoryview
 
 
+_UNREAD = memoryview(b"").cast("q")  # a column of_record's batch reads when first asked
+
+
 class Columns(Protocol):
     """Where a batch's per-row columns come from when first asked (see
     :meth:`ChunkBatch.of_record`): chunk indices, generation times, receipts."""
@@ -152,15 +155,19 @@ class ChunkBatch:
         cold, once per step, before the caller holds the batch)."""
         self = cls.__new__(cls)
         self._set(sessions, latents, emitted_ns, pushed_ns, taken_ns, release, lease, source)
+        self._chunks = self._generated = _UNREAD  # (read when asked)
+        self._applied = None
         self._start = 0
         return self
 
-    def _fill(self) -> None:
-        """The columns from the record (see :meth:`of_record`)."""
+    def _filled(self) -> ChunkBatch:
+        """This batch, its columns read from its record first if they were not
+        yet (see :meth:`of_record`)."""
         source = self._source
         if source is not None:
             self._source = None
             self._chunks, self._generated, self._applied = source.columns()
+        return self
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -168,28 +175,22 @@ class ChunkBatch:
     @property
     def chunks(self) -> np.ndarray[Any, Any]:
         """Each row's chunk index (int64; a view of the record over shared memory)."""
-        if self._source is not None:
-            self._fill()
         if not isinstance(self._chunks, np.ndarray):
-            self._chunks = np.asarray(self._chunks)
+            self._chunks = np.asarray(self._filled()._chunks)
         return self._chunks
 
     @property
     def generated_ns(self) -> np.ndarray[Any, Any]:
         """When each row's chunk began generating (int64)."""
-        if self._source is not None:
-            self._fill()
         if not isinstance(self._generated, np.ndarray):
-            self._generated = np.asarray(self._generated)
+            self._generated = np.asarray(self._filled()._generated)
         return self._generated
 
     @property
     def applied(self) -> np.ndarray[Any, Any]:
         """Each row's receipt (int64): the seq of the last action its chunk applied."""
-        if self._source is not None:
-            self._fill()
         if not isinstance(self._applied, np.ndarray):
-            raw = self._applied
+            raw = self._filled()._applied
             self._applied = (
                 np.zeros(len(self), np.int64) if raw is None else np.array(raw, np.int64)
             )
@@ -197,21 +198,17 @@ class ChunkBatch:
 
     def applied_of(self, i: int) -> int:
         """Row ``i``'s receipt, without making the array."""
-        if self._source is not None:
-            self._fill()
-        return 0 if self._applied is None else int(self._applied[i])
+        applied = self._filled()._applied
+        return 0 if applied is None else int(applied[i])
 
     def chunk_index(self, i: int) -> int:
         """Row ``i``'s chunk index, without making the array."""
-        if self._source is not None:
-            self._fill()
-        return int(self._chunks[i])
+        return int(self._filled()._chunks[i])
 
     def timing(self, i: int) -> Timing:
         """Row ``i``'s timestamps."""
-        if self._source is not None:
-            self._fill()
-        return Timing(int(self._generated[i]), self.emitted_ns, self.pushed_ns, self.taken_ns)
+        generated = int(self._filled()._generated[i])
+        return Timing(generated, self.emitted_ns, self.pushed_ns, self.taken_ns)
 
     # -- giving back ---------------------------------------------------------
 
@@ -299,7 +296,7 @@ class ChunkBatch:
     def tail(self, start: int) -> ChunkBatch:
         """Rows ``start`` onwards as a batch of their own (same lease), given up
         by this one: what poll_batch hands out after poll took the first rows."""
-        self._fill()
+        self._filled()
         rest = ChunkBatch(
             self.sessions[start:],
             self._chunks[start:],
