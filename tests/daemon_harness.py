@@ -96,6 +96,17 @@ def leftovers(name: str) -> list[str]:
 
 
 @contextlib.contextmanager
+def running(name: str, *args: str, env: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
+    """``DaemonProcess(name, *args)`` for the block; after it, however it ends, the
+    daemon must stop with exit 0."""
+    daemon = DaemonProcess(name, *args, env=env)
+    try:
+        yield daemon
+    finally:
+        assert daemon.stop() == 0, daemon.stderr
+
+
+@contextlib.contextmanager
 def serving(*daemons: DaemonProcess) -> Iterator[list[DaemonProcess]]:
     """``daemons`` for a fixture to yield; after the block each one still running
     must stop with exit 0, and what each left (one a test killed) is removed."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_harness import DaemonProcess, leftovers
+from daemon_harness import DaemonProcess, leftovers, running
 
 import rte
 from rte import EngineGone, RequestError
@@ -156,12 +156,8 @@ def test_a_bug_is_named_as_one_without_a_traceback() -> None:
 
 
 def _max_sessions(shm_prefix: str, *args: str, env: dict[str, str] | None = None) -> int:
-    d = DaemonProcess(shm_prefix, *args, env=env)
-    try:
-        with d.client() as client:
-            return client.manifest.max_sessions
-    finally:
-        assert d.stop() == 0, d.stderr
+    with running(shm_prefix, *args, env=env) as d, d.client() as client:
+        return client.manifest.max_sessions
 
 
 def test_serve_takes_settings_from_cli_then_environment_then_config(
@@ -326,8 +322,7 @@ def test_demo_refuses_seconds_that_are_not_a_duration_and_its_help_says_the_defa
 def test_the_ready_line_and_inspect_show_the_pace_and_the_rows_the_manifest_has(
     shm_prefix: str,
 ) -> None:
-    d = DaemonProcess(shm_prefix, "--model", "null", "--pace-hz", "20", "--engines", "2")
-    try:
+    with running(shm_prefix, "--model", "null", "--pace-hz", "20", "--engines", "2") as d:
         d.client().close()
         ready = d.said()
         assert "max_sessions=16 (--engines 2 x --max-sessions 8) pace=20Hz" in ready, ready
@@ -337,19 +332,13 @@ def test_the_ready_line_and_inspect_show_the_pace_and_the_rows_the_manifest_has(
         listed = rte_command("inspect")
         row = next(line for line in listed.stdout.splitlines() if line.startswith(shm_prefix))
         assert "20 Hz" in row and "alive" in row, row
-    finally:
-        assert d.stop() == 0, d.stderr
-    unpaced = DaemonProcess(shm_prefix, "--model", "null")
-    try:
+    with running(shm_prefix, "--model", "null") as unpaced:
         unpaced.client().close()
         assert "max_sessions=8 pace=unpaced " in unpaced.said(), unpaced.said()
-    finally:
-        assert unpaced.stop() == 0, unpaced.stderr
 
 
 def test_inspect_flags_a_stopped_daemons_stale_heartbeat(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix, "--model", "null")
-    try:
+    with running(shm_prefix, "--model", "null") as d:
         d.client().close()
         fresh = rte_command("inspect", shm_prefix)
         assert "heartbeat stale" not in fresh.stdout, fresh.stdout
@@ -362,13 +351,10 @@ def test_inspect_flags_a_stopped_daemons_stale_heartbeat(shm_prefix: str) -> Non
             os.kill(d.pid, signal.SIGCONT)
         assert re.search(r"alive, heartbeat stale \d+\.\d s: stopped or hung\?", shown.stdout)
         assert "STALE" in listed.stdout and "stopped or hung?" in listed.stdout, listed.stdout
-    finally:
-        assert d.stop() == 0, d.stderr
 
 
 def test_inspect_into_a_closed_pipe_ends_quietly(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix, "--model", "null")
-    try:
+    with running(shm_prefix, "--model", "null") as d:
         d.client().close()
         for args in ((shm_prefix,), (), (shm_prefix, "--json")):
             reader, writer = os.pipe()
@@ -384,5 +370,3 @@ def test_inspect_into_a_closed_pipe_ends_quietly(shm_prefix: str) -> None:
             os.close(writer)
             assert done.returncode == 0, done.stderr
             assert done.stderr == "", done.stderr
-    finally:
-        assert d.stop() == 0, d.stderr

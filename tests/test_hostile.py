@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import psutil
 import pytest
-from daemon_harness import DaemonProcess, RawClient, leftovers, take, wait_for
+from daemon_harness import DaemonProcess, RawClient, leftovers, running, take, wait_for
 
 from rte import EngineGone, NoticeKind, RequestError
 from rte.client import ShmClient
@@ -82,8 +82,7 @@ def test_an_answer_too_big_for_the_ring_is_cut_never_fatal(small_rings: DaemonPr
 
 
 def test_a_session_id_no_answer_could_quote_is_refused(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix)
-    try:
+    with running(shm_prefix) as d:
         d.client().close()
         raw = RawClient(d.name)
         raw.inbox.push(_raw(RecordType.DETACH, b"x" * 65_000), timeout=5)  # 64 KiB of id
@@ -94,38 +93,35 @@ def test_a_session_id_no_answer_could_quote_is_refused(shm_prefix: str) -> None:
         with d.client() as client:
             client.attach("after")
             assert take(client, "after", 2)
-    finally:
-        assert d.stop() == 0, d.stderr
 
 
 def test_a_flood_without_reading_is_bounded_in_bytes_and_told(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix, "--max-sessions", "2")
-    try:
-        with d.client() as flooder, d.client() as bystander:
-            bystander.attach("steady")
-            flooder.attach("a")
-            daemon = psutil.Process(d.pid)
-            before = daemon.memory_info().rss
-            for _ in range(600):  # each refused with a 100 KB quote of itself, none read
-                flooder.act("a", {"move": "x" * 100_000}, timeout=10)
-            wait_for(lambda: daemon.memory_info().rss > 0, what="the daemon")  # still there
-            grown = daemon.memory_info().rss - before
-            assert grown < 40 << 20, f"the daemon grew by {grown / 2**20:.0f} MiB"
-            told = []
-            deadline = time.monotonic() + 10
-            while not any("were dropped" in n.message for n in told):
-                assert time.monotonic() < deadline, [n.message[:80] for n in told]
-                flooder.poll(timeout=0.1)
-                told += flooder.notices()
-            stream = [c.chunk for c in take(bystander, "steady", 5)]
-            assert stream == list(range(stream[0], stream[0] + 5))
-    finally:
-        assert d.stop() == 0, d.stderr
+    with (
+        running(shm_prefix, "--max-sessions", "2") as d,
+        d.client() as flooder,
+        d.client() as bystander,
+    ):
+        bystander.attach("steady")
+        flooder.attach("a")
+        daemon = psutil.Process(d.pid)
+        before = daemon.memory_info().rss
+        for _ in range(600):  # each refused with a 100 KB quote of itself, none read
+            flooder.act("a", {"move": "x" * 100_000}, timeout=10)
+        wait_for(lambda: daemon.memory_info().rss > 0, what="the daemon")  # still there
+        grown = daemon.memory_info().rss - before
+        assert grown < 40 << 20, f"the daemon grew by {grown / 2**20:.0f} MiB"
+        told = []
+        deadline = time.monotonic() + 10
+        while not any("were dropped" in n.message for n in told):
+            assert time.monotonic() < deadline, [n.message[:80] for n in told]
+            flooder.poll(timeout=0.1)
+            told += flooder.notices()
+        stream = [c.chunk for c in take(bystander, "steady", 5)]
+        assert stream == list(range(stream[0], stream[0] + 5))
 
 
 def test_a_client_that_floods_on_is_disconnected_and_others_go_on(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix, "--ring-kib", "4", "--idle-limit-s", "0.5")
-    try:
+    with running(shm_prefix, "--ring-kib", "4", "--idle-limit-s", "0.5") as d:
         with d.client() as flooder, d.client() as bystander:
             bystander.attach("steady")
             flooder.attach("a")
@@ -148,8 +144,6 @@ def test_a_client_that_floods_on_is_disconnected_and_others_go_on(shm_prefix: st
             bystander.attach("a")  # the flooder's session was detached: its row is free
         with d.client() as again:  # and its slot was given back when it closed
             again.attach("b")
-    finally:
-        assert d.stop() == 0, d.stderr
 
 
 def _consume(client: ShmClient, going: threading.Event) -> None:
@@ -197,17 +191,13 @@ def test_a_forged_table_size_is_refused_not_read_past_its_end(shm_prefix: str) -
 
 
 def test_a_client_cannot_write_into_the_slab(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix)
-    try:
-        with d.client() as client:
-            client.attach("a")
-            chunk = take(client, "a", 1)[0]
-            with pytest.raises(ValueError, match="WRITEABLE"):
-                chunk.latent.flags.writeable = True
-            with pytest.raises((ValueError, TypeError)):
-                np.frombuffer(chunk.latent.data, np.uint8)[0] = 1
-    finally:
-        assert d.stop() == 0, d.stderr
+    with running(shm_prefix) as d, d.client() as client:
+        client.attach("a")
+        chunk = take(client, "a", 1)[0]
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            chunk.latent.flags.writeable = True
+        with pytest.raises((ValueError, TypeError)):
+            np.frombuffer(chunk.latent.data, np.uint8)[0] = 1
 
 
 def test_sigterm_while_the_model_loads_exits_0_and_leaves_nothing(
@@ -340,8 +330,7 @@ def test_an_array_no_numpy_can_make_is_refused_and_serving_goes_on(
 def test_a_session_the_engine_will_not_detach_is_never_left_to_a_gone_client(
     shm_prefix: str,
 ) -> None:
-    d = DaemonProcess(shm_prefix, "--model", "stubborn_model:stubborn")
-    try:
+    with running(shm_prefix, "--model", "stubborn_model:stubborn") as d:
         with d.client() as first:
             first.attach("x")
             assert take(first, "x", 2)
@@ -351,8 +340,6 @@ def test_a_session_the_engine_will_not_detach_is_never_left_to_a_gone_client(
             second.attach("y")
             assert take(second, "y", 2)
         assert _counters(d.name)["errors"] >= 1
-    finally:
-        assert d.stop() == 0, d.stderr
 
 
 def test_signals_over_and_over_while_it_stops_still_exit_0(shm_prefix: str) -> None:
@@ -388,8 +375,7 @@ def _open_as_nobody(names: list[str], conn: Any) -> None:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
 def test_another_users_objects_are_a_clear_refusal(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix)
-    try:
+    with running(shm_prefix) as d:
         d.client().close()
         names = DaemonNames(shm_prefix)
         fork = multiprocessing.get_context("fork")
@@ -400,13 +386,10 @@ def test_another_users_objects_are_a_clear_refusal(shm_prefix: str) -> None:
         said = parent.recv()
         other.join(10)
         assert all("belongs to another user" in line for line in said), said
-    finally:
-        assert d.stop() == 0, d.stderr
 
 
 def test_a_client_that_scribbles_on_its_own_claim_disturbs_nobody(shm_prefix: str) -> None:
-    d = DaemonProcess(shm_prefix, "--max-clients", "2")
-    try:
+    with running(shm_prefix, "--max-clients", "2") as d:
         with d.client() as bystander:
             bystander.attach("steady")
             raw = RawClient(d.name)
@@ -423,5 +406,3 @@ def test_a_client_that_scribbles_on_its_own_claim_disturbs_nobody(shm_prefix: st
                 again.attach("after")
                 assert again.index == raw.index
         assert _counters(d.name)["dead_clients_reaped"] == 0
-    finally:
-        assert d.stop() == 0, d.stderr

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import DaemonProcess, wait_for
+from daemon_harness import DaemonProcess, running, wait_for
 from rowcost_model import RowCostModel
 
 from rte.client import EngineClient, InProcessClient, ShmClient
@@ -216,12 +216,11 @@ def test_receipts_name_the_last_action_each_chunk_applied_in_process(pipelined: 
 
 
 def test_receipts_name_the_last_action_each_chunk_applied_in_a_daemon(shm_prefix: str) -> None:
-    daemon = DaemonProcess(f"{shm_prefix}rc", "--model", "null", "--max-sessions", "4")
-    try:
-        with daemon.client() as client:
-            _receipts_body(client)
-    finally:
-        assert daemon.stop() == 0, daemon.stderr
+    with (
+        running(f"{shm_prefix}rc", "--model", "null", "--max-sessions", "4") as daemon,
+        daemon.client() as client,
+    ):
+        _receipts_body(client)
 
 
 def test_a_pool_takes_a_real_time_refusal_to_its_next_daemon(rowcost: RowCostDaemons) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess, Deadline, leftovers
+from daemon_harness import Deadline, leftovers, running
 
 from rte.cli import OneLineParser
 from rte.cli import serve as serve_command
@@ -140,20 +140,19 @@ def test_one_client_steps_every_session_at_once_with_the_default_settings(
     shm_prefix: str,
 ) -> None:
     rows = 24  # the old default quota (64 slots / 8 clients) stepped 8 of them at a time
-    d = DaemonProcess(shm_prefix, "--model", "null", "--max-sessions", str(rows))
-    try:
-        with d.client() as client:
-            for i in range(rows):
-                client.attach(f"s{i}")
-            widest, limit = 0, Deadline(what="a step of every session")
-            while widest < rows:
-                limit.check(widest)
-                batch = client.poll_batch(timeout=5)
-                assert batch is not None
-                with batch:
-                    widest = max(widest, len(batch))
-    finally:
-        assert d.stop() == 0, d.stderr
+    with (
+        running(shm_prefix, "--model", "null", "--max-sessions", str(rows)) as d,
+        d.client() as client,
+    ):
+        for i in range(rows):
+            client.attach(f"s{i}")
+        widest, limit = 0, Deadline(what="a step of every session")
+        while widest < rows:
+            limit.check(widest)
+            batch = client.poll_batch(timeout=5)
+            assert batch is not None
+            with batch:
+                widest = max(widest, len(batch))
 
 
 # -- written once: every field is a flag, an RTE_* variable and a TOML key ----------------

@@ -9,7 +9,7 @@ import re
 import signal
 import time
 
-from daemon_harness import DaemonProcess, Deadline, ended
+from daemon_harness import DaemonProcess, Deadline, ended, running
 from test_cli import one_line_error, rte_command
 
 from rte.cli.serve import OPTIONS, _children
@@ -134,8 +134,7 @@ def test_a_sigkilled_supervisor_s_replicas_stop_and_unlink_everything(shm_prefix
 
 def test_the_ready_line_names_the_supervisor_first_as_the_one_to_stop(shm_prefix: str) -> None:
     name = f"{shm_prefix}p"
-    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
-    try:
+    with running(name, "--replicas", "2", "--model", "null") as supervisor:
         until_ready(supervisor)
         pids = [pid_of(f"{name}-{i}") for i in range(2)]
         me = supervisor.pid
@@ -146,8 +145,6 @@ def test_the_ready_line_names_the_supervisor_first_as_the_one_to_stop(shm_prefix
         assert (
             f"to stop them all: kill {me}; a child killed alone is restarted" in supervisor.said()
         )
-    finally:
-        assert supervisor.stop() == 0, supervisor.stderr
 
 
 def test_inspect_and_clean_understand_a_pools_name(shm_prefix: str) -> None:
@@ -185,18 +182,14 @@ def test_inspect_and_clean_understand_a_pools_name(shm_prefix: str) -> None:
 
 def test_a_pool_and_a_single_daemon_of_one_name_refuse_each_other(shm_prefix: str) -> None:
     name = f"{shm_prefix}s"
-    single = DaemonProcess(name, "--model", "null")
-    try:
+    with running(name, "--model", "null") as single:
         single.client().close()
         pool = DaemonProcess(name, "--replicas", "2", "--model", "null")
         assert pool.process.wait(60) == 2
         pool.stop()
         assert f"a daemon named {name!r} runs (pid {single.pid})" in pool.stderr, pool.stderr
         assert pool.stderr.count("\n") == 1, pool.stderr
-    finally:
-        assert single.stop() == 0, single.stderr
-    supervisor = DaemonProcess(name, "--replicas", "2", "--model", "null")
-    try:
+    with running(name, "--replicas", "2", "--model", "null") as supervisor:
         until_ready(supervisor)
         alone = DaemonProcess(name, "--model", "null")
         assert alone.process.wait(60) == 2
@@ -204,5 +197,3 @@ def test_a_pool_and_a_single_daemon_of_one_name_refuse_each_other(shm_prefix: st
         assert f"a pool named {name!r} runs ({name}-0, {name}-1)" in alone.stderr, alone.stderr
         with connect(name) as pool_client:
             assert isinstance(pool_client, PoolClient)  # the pool, whole
-    finally:
-        assert supervisor.stop() == 0, supervisor.stderr
