@@ -79,6 +79,8 @@ class AsyncClient:
         self._late = LateExports(core, transport, self.stranded)  # exports given up on
         pool = self._pool
         self._drained = None if pool is None else MovesInFlight(core, pool, 0.0)  # on their way
+        if pool is not None:
+            pool.late_attaches.stranded = self.stranded  # (a late attach adopted: not stranded)
 
     @property
     def sessions(self) -> set[str]:

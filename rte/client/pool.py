@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from rte.client.batch import ChunkBatch, Release
-from rte.client.in_flight import MovesInFlight
+from rte.client.in_flight import LateAttaches, MovesInFlight
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.members import Members
 from rte.client.migration import DrainMoves, Migrating
@@ -98,6 +98,7 @@ class PoolTransport(Transport):
         self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
         self.moves = DrainMoves()  # DRAINING notices held back until the client moves them
         self.placer = Placer(self.name, self.daemons, self.home, self.pinned, self._lose)
+        self.late_attaches = LateAttaches(self._given_up, self._detach_copy)  # a move's, late
 
     def number_with(self, numbering: Numbering) -> None:
         self._numbering = numbering
@@ -177,6 +178,22 @@ class PoolTransport(Transport):
     def unpin(self, session: str) -> None:
         self.pinned.pop(session, None)
 
+    def _given_up(self, seq: int) -> str:
+        """The attach ``seq`` in flight, given up on: no longer the placer's; its daemon."""
+        placing = self.placer.take(seq)
+        return "" if placing is None else placing.member
+
+    def _detach_copy(self, name: str, session: str) -> int:
+        """Send daemon ``name`` a DETACH of its late copy of ``session``; its seq (0:
+        no room now, or the daemon is gone)."""
+        member = self.members[name]
+        request = Detach(session, seq=self._numbering())
+        try:
+            member.send(request, 0.0)
+        except RteError:
+            return 0
+        return request.seq
+
     def _home_member(self, request: Request) -> ShmTransport | None:
         if isinstance(request, Attach):
             return None  # placed (and lent) by the placer, member by member
@@ -187,6 +204,7 @@ class PoolTransport(Transport):
 
     def receive(self, release: Release) -> list[Arrival]:
         out: list[Arrival] = []
+        lates = self.late_attaches
         for name in self.live():
             try:
                 items = self.members[name].receive(release)
@@ -198,8 +216,12 @@ class PoolTransport(Transport):
                     answer = self._sorted(name, item)
                     if answer is not None:
                         out.append(answer)
+                elif isinstance(item, ChunkBatch) and lates.copies:
+                    out += lates.without_copies(name, item, release, self.give_back)
                 else:
                     out.append(item)
+        if lates.copies:
+            lates.retry()
         out += self._pending
         self._pending = []
         if not out and not self.live():  # (what was pending is handed out first)
@@ -208,6 +230,11 @@ class PoolTransport(Transport):
 
     def _sorted(self, name: str, item: Notice) -> Notice | None:
         """Member ``name``'s notice, as the caller is to see it (None: not at all)."""
+        if self.late_attaches:  # (a move's attach given up on, or its copy, answered)
+            sorted_item = self.late_attaches.sort(name, item)
+            if sorted_item is None:
+                return None
+            item = sorted_item
         placing = self.placer.take(item.seq)
         if placing is not None and item.kind is NoticeKind.REJECTED:
             return self.placer.rejected(name, placing, item)  # (None: the next daemon answers)
@@ -278,6 +305,7 @@ class PoolTransport(Transport):
             member.close()
         why = f"EngineGone: daemon {name!r} of the pool died; its sessions are lost"
         lost = [session for session, _ in self.home.lose(name)]
+        self.late_attaches.lost(name)
         for session in lost:
             self._lost[session] = why
             self._pending += [Gone(session), Notice(session, NoticeKind.ERROR, why)]
@@ -349,6 +377,7 @@ class PoolClient(Migrating):
         self.reattach = reattach
         self._moving = False  # a drain's moves are being advanced (never re-entered)
         self._drained = MovesInFlight(self._core, pool, DRAIN_ROOM_S)
+        pool.late_attaches.stranded = self.stranded  # (a late attach adopted: not stranded)
 
     def live(self) -> list[str]:
         return self.transport.live()
