@@ -1,4 +1,4 @@
-"""A move's attach given up on leaves no second copy (rte.client.in_flight.LateAttaches).
+"""A move's attach given up on leaves no second copy (rte.client.late_attaches.LateAttaches).
 
 A pool's move whose attach to its target gets no answer in its time (the target
 SIGSTOPped) sends the state back to the daemon it came from, and the session goes

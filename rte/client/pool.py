@@ -49,8 +49,9 @@ from typing import Any
 import numpy as np
 
 from rte.client.batch import ChunkBatch, Release
-from rte.client.in_flight import LateAttaches, MovesInFlight
+from rte.client.in_flight import MovesInFlight
 from rte.client.inputs import InputLoan, loan_layout
+from rte.client.late_attaches import LateAttaches
 from rte.client.members import Members
 from rte.client.migration import DrainMoves, Migrating
 from rte.client.placing import Placer
