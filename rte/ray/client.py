@@ -23,7 +23,9 @@ caller off one, as a pool's do (:mod:`rte.client.migration`): exported where it
 is, attached with its state there, its chunk indices going on with no gap or
 repeat; a state leaving or reaching another node goes through Ray's object
 store (:mod:`rte.ray.relay`). A move refused everywhere goes back where it was
-(:class:`~rte.client.migration.MigrationError` holds the state if even that fails).
+(:class:`~rte.client.migration.MigrationError` holds the state if even that fails);
+one whose attach got no answer in its time leaves no second copy where that
+attach is taken up late (:mod:`rte.client.late_attaches`, as a pool's).
 
 When a host's daemon drains (``rte drain NAME``: a DRAINING notice for each
 of its sessions), the caller moves those sessions to the other live hosts at
@@ -84,6 +86,7 @@ class RayClient(EngineClient):
         self.router, self.hosts, self.owner = router, hosts, ray.owner
         self.places, self.home, self.lost = ray.places, ray.at, ray.lost
         self._moving = False  # (``stranded`` is EngineClient's: late exports' too)
+        ray.late_attaches.stranded = self.stranded  # (a late attach adopted: not stranded)
 
     def path(self, session: str) -> str:
         """``"shm"`` when the session's daemon is on this node, else ``"ray"``."""

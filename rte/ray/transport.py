@@ -47,8 +47,9 @@ import numpy as np
 
 from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan, loan_layout
+from rte.client.late_attaches import LateAttaches
 from rte.client.shm import ShmTransport, SlotLease
-from rte.client.transport import Arrival, Gone, Transport
+from rte.client.transport import Arrival, Gone, Numbering, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, UnknownSessionError
 from rte.protocol.requests import Attach, Detach, Export, Request
@@ -105,12 +106,31 @@ class RayTransport(Transport):
         self.pinned: dict[str, list[str]] = {}  # session -> the daemons it may go to (a move)
         self.lost: dict[str, str] = {}  # session -> why (its host died)
         self.told: list[str] = []  # sessions whose daemon said it drains: to move
+        self.late_attaches = LateAttaches(self._given_up, self._detach_copy)  # a move's, late
+        self._numbering: Numbering = lambda: 0
         self._placing: dict[int, Placing] = {}  # seq of an attach -> where it went
         self._exporting: dict[int, Member] = {}  # seq of an export -> its session's member
         self._detaching: set[int] = set()  # seqs of detaches in flight
         self._pending: list[Arrival] = []  # what lost sessions leave, to hand out
         self._asking = router.lost.remote(self.owner)
         self._next_check = time.monotonic() + CHECK_EVERY_S
+
+    def number_with(self, numbering: Numbering) -> None:
+        self._numbering = numbering
+
+    def _given_up(self, seq: int) -> str:
+        """A move's attach ``seq`` given up on: its daemon, no longer placed."""
+        placing = self._placing.pop(seq, None)
+        return "" if placing is None else self.places[placing.index][0]
+
+    def _detach_copy(self, name: str, session: str) -> int:
+        """A DETACH of daemon ``name``'s late copy of ``session``; its seq (0: not sent)."""
+        request = Detach(session, seq=self._numbering())
+        try:
+            self.by_host.get(self.members[name]).send(request, 0.0)
+        except Exception:
+            return 0
+        return request.seq
 
     def local(self, index: int) -> bool:
         return self.by_host.local(index)
@@ -240,6 +260,7 @@ class RayTransport(Transport):
     def receive(self, release: Release) -> list[Arrival]:
         self._watch()
         out: list[Arrival] = []
+        lates = self.late_attaches
         for index, member in self.by_host.live():
             if isinstance(member, RemoteMember):
                 member.flush()
@@ -249,13 +270,20 @@ class RayTransport(Transport):
                     items, ended = member.receive(release), ""
                 except EngineGone as exc:
                     items, ended = [], f"EngineGone: {exc}"
+            name = self.places[index][0]
             for item in items:
-                if not isinstance(item, Notice):
+                if isinstance(item, Notice):  # (first: a move's late attach, or its copy's)
+                    shown = lates.sort(name, item) if lates else item
+                    if shown is not None and (answer := self._sorted(index, shown)) is not None:
+                        out.append(answer)
+                elif isinstance(item, ChunkBatch) and lates.copies:
+                    out += lates.without_copies(name, item, release, self.give_back)
+                else:
                     out.append(item)
-                elif (answer := self._sorted(index, item)) is not None:
-                    out.append(answer)
             if ended:
                 self._lose(index, ended)
+        if lates.copies:
+            lates.retry()
         out += self._pending
         self._pending = []
         if not out and self.by_host.all_gone():
@@ -377,6 +405,7 @@ class RayTransport(Transport):
         """Host ``index`` is gone: its sessions alone are lost; the router is told."""
         if not self.by_host.lose(index, why):
             return
+        self.late_attaches.lost(self.places[index][0])
         self.router.forsake.remote(index)
         for session in [s for s, i in self.at.items() if i == index]:
             del self.at[session]
