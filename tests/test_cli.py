@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_python import python_c
 from daemon_harness import DaemonProcess, leftovers, running
 
 import rte
@@ -146,9 +147,7 @@ def test_a_bug_is_named_as_one_without_a_traceback() -> None:
         "clean.run = broken\n"
         "sys.exit(cli.main(['clean', 'x']))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = python_c(code)
     one_line_error(done, 1, "KeyError", "a bug: run with --debug")
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from array import array
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from child_python import python_c
 
 from shm import Counts, Segment, shm_name
 from shm.segment import HEADER_SIZE
@@ -83,9 +82,7 @@ def test_counts_collected_in_a_cycle_after_their_segment_closed_never_crash() ->
     cycle collector could not clear the view, freed it under the export, and the
     process died of SIGSEGV (a pool client whose lost member was closed, in CI)."""
     name = shm_name(f"counts{os.getpid()}x{uuid.uuid4().hex[:8]}", "probe")
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, name], check=False, capture_output=True, text=True, timeout=60
-    )
+    done = python_c(PROBE, name)
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout == "collected\n" and "Exception ignored" not in done.stderr, done.stderr
 

@@ -21,7 +21,6 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from child_python import python_c
 from daemon_harness import DaemonProcess
 
 from rte.client import connect
@@ -96,15 +96,8 @@ def serve_lines(name: str) -> set[tuple[str, ...]]:
 
 
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    """``code`` in a child process of the checkout's rte, as a reader's snippet runs."""
+    return python_c(code, timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def assert_prints(snippet: str, code: str, shown: str, timeout: float = 120) -> str:

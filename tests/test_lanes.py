@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
 import pytest
+from child_python import python_c
 
 from rte.lanes import CpuLanes, Lane, make_lanes
 
@@ -36,9 +35,7 @@ print("ok")
 
 
 def test_importing_rte_and_running_the_cpu_path_never_imports_torch() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = python_c(NO_TORCH)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 

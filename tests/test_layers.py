@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_python import python_c
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rte", "shm", "tools")
@@ -20,16 +21,9 @@ MAX_MODULE_LINES = 430  # "no module over ~400 lines"
 
 
 def _python(code: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``code`` in a child process in ``cwd``, with no PYTHONPATH: what is installed."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return python_c(code, timeout=120, cwd=cwd, env=environment)
 
 
 def test_the_engine_imports_without_the_transport() -> None:

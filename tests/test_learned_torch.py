@@ -3,12 +3,11 @@ through the torch model's lanes, graphs and slab path (CPU here; CUDA gpu-marked
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
+from child_python import python_c
 
 from rte import Action, ComposedEngine
 from rte.models import load_model
@@ -69,9 +68,7 @@ def test_world_is_numpy_on_the_cpu_and_torch_elsewhere() -> None:
     assert isinstance(load_model("world-torch", max_sessions=2, device="cpu"), TorchLearnedWorld)
     code = "import sys\nfrom rte.models import load_model\nload_model('world')\n"
     code += "print('torch' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = python_c(code)
     assert done.stdout.strip() == "False", done.stderr  # the CPU path never imports torch
 
 

@@ -31,6 +31,7 @@ import aiohttp
 import numpy as np
 import psutil
 import pytest
+from child_python import python_c
 from daemon_harness import DaemonProcess, ended
 
 from rte.ipc.inspect import summary
@@ -559,14 +560,7 @@ def test_play_launches_its_own_daemon_and_sigterm_stops_everything(browser: str)
 def test_rte_works_without_aiohttp_and_play_says_what_to_install() -> None:
     def without_aiohttp(call: str) -> subprocess.CompletedProcess[str]:
         block = "import sys; sys.modules['aiohttp'] = None; from rte.cli import main; "
-        return subprocess.run(
-            [sys.executable, "-c", block + call],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=ROOT,
-        )
+        return python_c(block + call, cwd=ROOT)
 
     helped = without_aiohttp("main(['--help'])")
     assert helped.returncode == 0 and "play" in helped.stdout, helped.stderr

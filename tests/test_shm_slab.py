@@ -6,13 +6,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import shm_workers
+from child_python import python_c
 
 from shm import (
     ForeignSlot,
@@ -196,8 +195,7 @@ def test_pin_is_a_noop_without_torch_and_never_imports_it(slab: Slab) -> None:
         f"seg = Segment.open({slab.segment.name!r})\n"
         f"print(Slab(seg, {slab.offset}).pin(), 'torch' in sys.modules)\n"
     )
-    command = [sys.executable, "-c", code]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    done = python_c(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
 

@@ -3,8 +3,6 @@ tensor work (CPU here; the GPU checks are marked and skipped without CUDA)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -13,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_python import python_c
 
 pytestmark = pytest.mark.usefixtures("each_lanes")  # CPU lanes, then simulated CUDA streams
 
@@ -218,9 +217,7 @@ def test_selecting_it_without_torch_says_how_to_install_it() -> None:
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = python_c(code)
     assert "pip install -e '.[torch]'" in done.stdout, done.stderr
 
 
