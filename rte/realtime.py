@@ -22,7 +22,8 @@ the same way:
   the engine's rows; an attach past it is refused with the figures (``rows``
   admission, or an unpaced host, keeps only the rows limit).
 - :class:`Pacer`, the tick: sleep until just before it, then spin (bounded) so
-  the turn starts on time (a sleeping core wakes late); a host that fell behind
+  the turn starts on time (a sleeping core wakes late: how early it wakes is
+  learned from how late its naps woke, :mod:`rte.lateness`); a host that fell behind
   starts the next tick now and never catches up in a burst. Each tick's
   lateness is kept (:class:`PacerStats`) for the figures.
 """
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rte.errors import AdmissionError
+from rte.lateness import Lateness
 
 FORGET = 0.98  # each turn's weight decays by this per later turn (a window of ~50 turns)
 MIN_SAMPLES = 8  # turns seen before the model claims to know anything
@@ -43,7 +45,8 @@ RECENT_FOR_S = 0.5  # ... and says nothing once no turn has stepped a row for th
 CLIP = 3.0  # a sample is counted as at most this many times its prediction
 MIN_SPREAD_ROWS = 1.0  # below this weighted spread of n, fit through the origin
 MIN_RELATIVE_SPREAD = 0.2  # ... or below this share of the mean n (its standard deviation)
-SPIN_S = 0.0005  # a paced host spins this long before each tick
+SPIN_S = 0.0005  # a paced host spins at least this long before each tick
+SPIN_CAP_NS = 2_000_000  # ... and at most this long, however late its naps wake
 ADMISSIONS = ("realtime", "rows")
 DEFAULT_MARGIN = 0.1
 
@@ -216,6 +219,7 @@ class Pacer:
             raise ValueError(f"a pacer needs a pace above 0 Hz, got {pace_hz}")
         self.period_s = 1.0 / pace_hz
         self.spin_s = spin_s
+        self.wake = Lateness(round(spin_s * 1e9), max(SPIN_CAP_NS, round(spin_s * 1e9)))
         self.tick = time.monotonic()  # when the current turn was due
         self.turn_began = self.tick
         self.ticks = self.late = self.missed = 0
@@ -248,10 +252,12 @@ class Pacer:
             self.missed += 1
             self.tick = now
             return
-        nap = self.tick - self.spin_s - now
-        if nap > 0 and sleep(nap):  # a sleep that returns True was cut short: stop
-            return
-        while time.monotonic() < self.tick:  # bounded: at most spin_s past a nap
+        nap = self.tick - self.wake.margin_ns() / 1e9 - now
+        if nap > 0:
+            if sleep(nap):  # a sleep that returns True was cut short: stop
+                return
+            self.wake.saw(round((time.monotonic() - now - nap) * 1e9))  # (how late it woke)
+        while time.monotonic() < self.tick:  # bounded: at most the margin past a nap
             pass
 
     def stats(self) -> PacerStats:

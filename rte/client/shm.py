@@ -50,6 +50,7 @@ from rte.client.daemon import meaning
 from rte.client.inputs import InputLoan
 from rte.client.slot import ClientSlot, SampleLease, Seen, StepLease
 from rte.client.slot import SlotLease as SlotLease  # noqa: PLC0414 (pool and ray import it)
+from rte.client.ticks import TickWait
 from rte.client.transport import Arrival, Transport
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, WireError
@@ -67,8 +68,6 @@ from rte.protocol.wire import (
 from rte.state import SessionState
 from shm import Counts, Ring, ShmError, WaitPolicy
 
-TICK_LEAD_NS = 300_000  # a paced daemon: wake this long before its next tick, then spin
-TICK_SPIN_NS = 1_000_000  # ... and spin at most this long past it before sleeping again
 NOTE_EVERY_NS = 10_000_000  # the pops noted for the daemon's idle limit: one in this long
 SEEN_MAX = 4096  # handle sets remembered at once (a client's steps repeat a few)
 _FIXED = STEP.unpack_from  # a STEP's n, flags, emitted_ns, pushed_ns
@@ -111,6 +110,7 @@ class ShmTransport(Transport):
         self._dtype = np.dtype(self.manifest.latent_dtype)
         self._shape = self.manifest.latent_shape
         self._paced_wait = policy == WaitPolicy.SPIN_THEN_BLOCK.value
+        self._ticks = TickWait()  # a paced daemon's: around each tick (rte.client.ticks)
         self._attached = 0  # sessions bound now: a paced wait only when some are
         sessions = self.control.layout.handles  # the sessions it may hold, parked included
         self._names: list[str | None] = [None] * sessions  # by handle, as ATTACHED said
@@ -223,19 +223,10 @@ class ShmTransport(Transport):
         try:
             if ring.used():
                 return True
-            deadline = time.monotonic() + timeout
             tick = self.control.next_tick_ns if self._paced_wait and self._attached else 0
             if tick:
-                now = time.monotonic_ns()
-                if tick - TICK_LEAD_NS > now:
-                    nap = min(timeout, (tick - TICK_LEAD_NS - now) / 1e9)
-                    if ring.wait_readable(nap, check, WaitPolicy.BLOCK):
-                        return True
-                left = (tick + TICK_SPIN_NS - time.monotonic_ns()) / 1e9
-                spin = min(deadline - time.monotonic(), left)
-                if spin > 0 and ring.wait_readable(spin, check, WaitPolicy.SPIN):
-                    return True
-            return ring.wait_readable(max(deadline - time.monotonic(), 0.0), check)
+                return self._ticks.wait(ring, check, tick, timeout)
+            return ring.wait_readable(timeout, check)
         except ShmError as exc:
             raise meaning(exc, f"reading from {self.name!r}") from None
 
