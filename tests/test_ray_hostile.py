@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess, wait_for
+from daemon_harness import DaemonProcess, Deadline, wait_for
 
 from rte.contract import NoticeKind
 from rte.protocol.requests import STATE_KEY, Attach
@@ -42,6 +42,15 @@ def test_a_state_lost_in_the_object_store_is_an_error_for_its_attach(
     putter = Putter.remote()  # type: ignore[attr-defined]
     (ref,) = ray.get(putter.put.remote(), timeout=60)
     ray.kill(putter)  # its owner is gone: the object cannot be fetched any more
+    limit = Deadline(60, what="the putter actor dead")  # (a kill is not synchronous: the
+    while True:  # state was fetched whole when its owner had not died yet, once in CI)
+        limit.check()
+        try:
+            ray.get(putter.put.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            continue
     daemon = DaemonProcess(shm_prefix, "--model", "reference", "--max-sessions", "2")
     try:
         daemon.wait_ready(60)
