@@ -99,3 +99,22 @@ def test_a_client_that_saw_records_land_late_spins_longer_past_the_tick(
         assert not ticks.wait(rig.ring, lambda: None, time.monotonic_ns() + 2 * MS, 0.01)
     finally:
         rig.close()
+
+
+def test_a_client_that_gets_nothing_at_its_ticks_stops_spinning_for_them(
+    shm_prefix: str,
+) -> None:
+    """No credit left, nothing comes: after two ticks whose whole window caught
+    nothing the wait sleeps until a record comes (spinning every tick took 12 to
+    13 % of a core in CI); the first record that comes brings the spin back."""
+    rig = OneRing(shm_prefix)
+    try:
+        ticks = TickWait()
+        for _ in range(2):
+            assert not ticks.wait(rig.ring, lambda: None, time.monotonic_ns() - 5 * MS, 0.01)
+        assert ticks.idle == 2
+        rig.ring.push_nowait(b"step" * 2)
+        assert ticks.wait(rig.ring, lambda: None, time.monotonic_ns(), 1.0)
+        assert ticks.idle == 0
+    finally:
+        rig.close()

@@ -22,6 +22,7 @@ from shm import Ring, WaitPolicy
 TICK_LEAD_NS = 300_000  # wake at least this long before the tick, then spin
 TICK_SPIN_NS = 1_000_000  # ... and spin at least this long past it before sleeping again
 TICK_CAP_NS = 3_000_000  # (each learned from recent ticks: at most this)
+IDLE_TICKS = 2  # ticks in a row whose spin caught nothing: then it sleeps until one comes
 
 
 class TickWait:
@@ -30,11 +31,17 @@ class TickWait:
     def __init__(self) -> None:
         self.woke = Lateness(TICK_LEAD_NS, TICK_CAP_NS)  # how late its naps woke
         self.landed = Lateness(TICK_SPIN_NS, TICK_CAP_NS)  # a record after its tick
+        self.idle = 0  # ticks in a row that brought this client nothing (no credit left)
 
     def wait(self, ring: Ring, check: Callable[[], None], tick: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for a record of ``ring``, the next due at ``tick``
         (monotonic ns): asleep until the learned lead before it, spinning until the
         learned time past it, then asleep again."""
+        if self.idle >= IDLE_TICKS:  # nothing is coming at each tick: no spin for it
+            if ring.wait_readable(timeout, check):
+                self.idle = 0
+                return True
+            return False
         deadline = time.monotonic() + timeout
         now, wake_at = time.monotonic_ns(), tick - self.woke.margin_ns()
         if wake_at > now:
@@ -48,11 +55,13 @@ class TickWait:
             return self._landed(tick)
         if ring.wait_readable(max(deadline - time.monotonic(), 0.0), check):
             return self._landed(tick)
+        self.idle += time.monotonic_ns() > tick + self.landed.margin_ns()  # (a whole window)
         return False
 
     def _landed(self, tick: int) -> bool:
         """A record came while waiting for ``tick``'s: learn how long after it (not
         a later tick's: a session stepped every k-th tick, a daemon that missed one)."""
+        self.idle = 0
         late = time.monotonic_ns() - tick
         if late <= 2 * TICK_CAP_NS:
             self.landed.saw(late)
