@@ -18,8 +18,6 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,14 +25,15 @@ from daemon_harness import DaemonProcess, Deadline
 from gated_export_model import Gate
 from test_client import _frames_until
 from test_drain_at_once import _stop
-from test_late_export import (
+from test_late_export import (  # noqa: F401 (two gated daemons, as there)  # noqa: F401 (gate, pair: two gated daemons)
     LAST,
-    _daemon,
     _more,
     _no_slot_held,
     _poll_until,
     _same_as_twin,
     _twin,
+    gate,
+    pair,
 )
 
 from rte.client import AsyncClient, PoolClient, connect_pool
@@ -43,22 +42,6 @@ from rte.client.pool import PoolTransport
 from rte.client.shm import ShmTransport
 from rte.contract import Notice, NoticeKind
 from rte.errors import AdmissionError
-from rte.protocol.names import DaemonNames
-
-
-@pytest.fixture
-def pair(tmp_path: Path, shm_prefix: str) -> Iterator[list[tuple[DaemonProcess, Gate]]]:
-    """As test_late_export's: two daemons of the reference model, each with its
-    gate, two rows each."""
-    gates = [Gate(tmp_path / "gate"), Gate(tmp_path / "other")]
-    started = [_daemon(f"{shm_prefix}p-{i}", gates[i], "--max-sessions", "2") for i in range(2)]
-    yield list(zip(started, gates, strict=True))
-    for d, g in zip(started, gates, strict=True):
-        g.open()
-        if d.process.poll() is None:
-            os.kill(d.pid, signal.SIGCONT)
-            assert d.stop() == 0, d.stderr
-        DaemonNames(d.name).remove_leftovers()
 
 
 def _bindings(member: ShmTransport) -> int:
@@ -80,7 +63,7 @@ def _not_the_copys(news: list[Notice]) -> None:
 
 
 def test_a_move_whose_attach_timed_out_leaves_no_copy_on_its_target(
-    pair: list[tuple[DaemonProcess, Gate]],
+    pair: list[tuple[DaemonProcess, Gate]],  # noqa: F811
 ) -> None:
     twin = _twin(LAST + 6)
     with connect_pool([d.name for d, _ in pair], timeout=30) as client:
@@ -111,7 +94,7 @@ def test_a_move_whose_attach_timed_out_leaves_no_copy_on_its_target(
 
 
 def test_an_asyncio_move_whose_attach_timed_out_leaves_no_copy_on_its_target(
-    pair: list[tuple[DaemonProcess, Gate]],
+    pair: list[tuple[DaemonProcess, Gate]],  # noqa: F811
 ) -> None:
     twin = _twin(LAST + 6)
 
@@ -149,7 +132,7 @@ def test_an_asyncio_move_whose_attach_timed_out_leaves_no_copy_on_its_target(
 
 
 def test_a_stranded_move_is_adopted_where_its_late_attach_took_it_up(
-    pair: list[tuple[DaemonProcess, Gate]],
+    pair: list[tuple[DaemonProcess, Gate]],  # noqa: F811
 ) -> None:
     """The target stopped (its attach given up on) and the old daemon full by the
     time the state comes back (another client's session took the row the export
@@ -190,7 +173,11 @@ def test_a_stranded_move_is_adopted_where_its_late_attach_took_it_up(
 
 
 def _migrate_stranded(
-    client: PoolClient, held: DaemonProcess, gate: Gate, there: DaemonProcess, other: Any
+    client: PoolClient,
+    held: DaemonProcess,
+    gate: Gate,  # noqa: F811 (that daemon's)
+    there: DaemonProcess,
+    other: Any,
 ) -> BaseException | None:
     """``client``'s move of ``a`` to ``there`` (stopped: its attach given up on),
     its old daemon ``held`` inside the export meanwhile, ``other``'s attach of

@@ -150,6 +150,17 @@ def _give_up_on_export(client: EngineClient, how: str, pid: int | None, gate: Ga
     return str(timed_out.value)
 
 
+def _timed_out_inside_export(client: EngineClient, gate: Gate) -> None:
+    """``client``'s export of ``a`` times out while its daemon is held inside it (the
+    gate stays shut: the test opens it)."""
+    gate.arm()
+    with pytest.raises(RequestTimeout):
+        client.export("a", timeout=3.0)
+    limit = Deadline(what="the daemon inside the export")
+    while not gate.inside():
+        limit.check()
+
+
 @pytest.mark.parametrize("how", ["stopped", "gated"])
 def test_an_export_timed_out_leaves_the_session_streaming_as_its_twin(
     daemon: DaemonProcess, gate: Gate, how: str
@@ -295,12 +306,7 @@ def test_a_late_export_whose_state_its_daemon_then_refuses_is_kept_stranded(
     with daemon.client() as client, daemon.client() as other:
         client.attach("a", {"prompt": "forest"}, credits=1)
         frames = _frames_until(client, {"a": 3})["a"]
-        gate.arm()
-        with pytest.raises(RequestTimeout):
-            client.export("a", timeout=3.0)
-        limit = Deadline(what="the daemon inside the export")
-        while not gate.inside():
-            limit.check()
+        _timed_out_inside_export(client, gate)
         taking = threading.Thread(target=lambda: other.attach("b", timeout=30))
         taking.start()  # its attach waits in its inbox, the row's next taker
         limit = Deadline(what="the other client's attach in its inbox")
@@ -341,12 +347,7 @@ def test_a_daemon_never_writes_a_state_into_a_slot_given_back_meanwhile(
         transport, sent = client.transport, []
         export_into = transport.export_into
         transport.export_into = lambda r, t: sent.append(export_into(r, t)) or sent[-1]  # type: ignore[method-assign]
-        gate.arm()
-        with pytest.raises(RequestTimeout):
-            client.export("a", timeout=3.0)
-        limit = Deadline(what="the daemon inside the export")
-        while not gate.inside():
-            limit.check()
+        _timed_out_inside_export(client, gate)
         ref, slab = sent[0].into, transport.slot.lender.slab
         assert slab is not None
         slab.release(SlotRef(ref.slot, ref.generation, OWNER))  # given back, then reused:

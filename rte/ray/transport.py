@@ -49,7 +49,7 @@ from rte.client.batch import ChunkBatch, Release
 from rte.client.inputs import InputLoan, loan_layout
 from rte.client.late_attaches import LateAttaches
 from rte.client.shm import ShmTransport, SlotLease
-from rte.client.transport import Arrival, Gone, Numbering, Transport
+from rte.client.transport import Arrival, Gone, Numbering, Transport, send_lent
 from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, UnknownSessionError
 from rte.protocol.requests import Attach, Detach, Export, Request
@@ -197,12 +197,7 @@ class RayTransport(Transport):
         try:
             member = self.by_host.get(index)
             if isinstance(member, ShmTransport):
-                lent = member.lend(request, room_s)
-                try:
-                    member.send(lent, room_s)
-                except BaseException:
-                    member.unlend(lent)
-                    raise
+                send_lent(member, request, room_s)
             else:
                 member.send(request, room_s)
         except BaseException:
