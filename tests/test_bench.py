@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from rte.cli import bench as cli_bench
+from rte.composed import ComposedEngine
 from shm.names import shm_name, unlink_objects
 from tools import (
     bench,
@@ -29,6 +31,7 @@ from tools import (
     bench_inputs,
     bench_scale,
     bench_transport,
+    e2e_inprocess,
     readme_tables,
     report,
 )
@@ -294,3 +297,34 @@ def test_on_time_is_a_gap_of_at_most_a_period_and_a_half_over_the_periods_that_p
     figures = session_figures(late, 0, 100 * period, period)
     assert figures["on_time"] == pytest.approx(96 / 98) and figures["stalls"] == 0
     assert session_figures(steady, 200 * period, 300 * period, period)["on_time"] == 0.0
+
+
+def test_a_paced_in_process_round_whose_point_falls_past_the_next_tick_is_sent_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round's send point is chosen once. Where a step's chunks are emitted late
+    in its period (3 ms after its tick here, as 64 sessions' are on a loaded box)
+    and the round's point is late in the period too, the point falls past the next
+    tick: that step goes first and the action after it. The point used to be
+    chosen again after every step, a period later each time, so the round never
+    came and the window waited out 60 s: long enough for the daemon beside it to
+    detach the stalled benchmark client's sessions."""
+    made = e2e_inprocess._engine
+
+    def late_engine(sessions: int) -> tuple[ComposedEngine, list[str]]:
+        engine, names = made(sessions)
+        step = engine.step
+
+        def late_step(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.003)
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "step", late_step)
+        return engine, names
+
+    monkeypatch.setattr(e2e_inprocess, "_engine", late_engine)
+    monkeypatch.setattr(e2e_inprocess, "action_points", lambda rounds, p: [p * 7 // 8] * rounds)
+    began = time.monotonic()
+    result = e2e_inprocess.in_process(2, 3, 0.05, 60.0)
+    assert len(result["samples"]) == 3
+    assert time.monotonic() - began < 30, "the rounds waited out the 60 s deadline"

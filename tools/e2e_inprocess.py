@@ -91,15 +91,19 @@ def in_process(sessions: int, rounds: int, seconds: float, hz: float = 0.0) -> d
 
     try:
         deadline = time.monotonic() + 60
+        at: int | None = None  # this round's send point, chosen once (it must not move)
         while len(samples) < rounds and time.monotonic() < deadline:
             r = len(samples)
             if not state["sent"]:
-                at = due_at(state["anchor"], phases[r], period) if period else 0
-                if at < next_tick:
+                if at is None:
+                    at = due_at(state["anchor"], phases[r], period) if period else 0
+                if at < next_tick:  # before the next step, else after it
                     sleep_until(at)
-                    state["sent"] = time.monotonic_ns()
+                    state["sent"], at = time.monotonic_ns(), None
                     actions = {names[r % sessions]: Action({"tag": r})}
             step(round_callback)
+        if len(samples) < rounds:
+            raise RuntimeError(f"in process: {len(samples)} of {rounds} actions seen in 60 s")
         cpu, began = time.process_time(), time.monotonic()
         while time.monotonic() - began < seconds:
             step(count_callback)
