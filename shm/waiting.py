@@ -79,7 +79,9 @@ class AdaptiveSpin:
 
     A wait that ends within the spin costs no post and no wake-up; a spin that
     outlasts it is only CPU. So the budget is twice the recent typical wait
-    (a moving average of the waits that ended by a record), at least
+    (a moving average of the waits that ended by a record, each as long as
+    its record took to be pushed: :func:`wait_used` reads the ring's stamp,
+    so the wake-up of a wait that slept is not learned as waiting), at least
     ``floor_ns`` and at most ``max_ns``; when recent waits are longer than
     ``max_ns`` the spin would not catch them, and the budget falls to
     ``floor_ns``. A timed-out wait counts as a long one (an idle peer).
@@ -142,8 +144,20 @@ def wait_used(
     found = _wait_used(ring, doorbell, timeout, check, policy, spin_ns, tally, start)
     if learn:
         assert adaptive is not None
-        adaptive.observe(time.monotonic_ns() - start, found)
+        adaptive.observe(_came(handle, start, found), found)
     return found
+
+
+def _came(handle: Any, start: int, found: bool) -> int:
+    """How long after ``start`` a wait's record came: when the ring stamped its
+    push, not when the waiter woke. A wait that slept lasts a wake-up longer
+    (~145 us on a small VM), and learning that made the spin too short for the
+    next record, that wait sleep too, and so on: a flat-out pair ping-ponged on
+    posts. (The newest push: a later record than the waiter's own only makes the
+    wait look longer.)"""
+    end = time.monotonic_ns()
+    came = lib.shm_ring_last_push_ns(handle) if found else 0
+    return (min(end, max(start, came)) if came else end) - start
 
 
 def _wait_used(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
 from collections.abc import Iterator
 
@@ -23,6 +24,7 @@ from test_inspector import run as inspect
 
 from rte.ipc.inspect import waking
 from shm import WaitPolicy, wait_any
+from shm.native import lib
 from shm.segment import HEADER_SIZE
 from shm.waiting import AdaptiveSpin, WaitTally
 
@@ -61,6 +63,30 @@ def test_the_spin_follows_recent_waits_within_its_bounds() -> None:
     for _ in range(20):  # ... then the peer went idle: a spin would catch nothing
         spin.observe(50_000_000, ended=False)
     assert spin.budget_ns() == 50_000
+
+
+def test_a_wait_that_slept_learns_when_its_record_was_pushed_not_when_it_woke(
+    one_ring: OneRing,
+) -> None:
+    """The spin learns how long a record took to come from the ring's push stamp.
+    Here the record is pushed about 5 ms into the wait and its post is held back,
+    so the sleeper wakes only at its 0.5 s timeout. Learning 0.5 s (as it did,
+    from when the waiter woke) is how a flat-out pair fell into sleeping on every
+    record: each wake-up made the waits look longer than the spin could cover,
+    the spin fell to its floor, and the next wait slept too."""
+    ring = one_ring.ring
+    before = ring.spin.typical_ns
+    began = time.monotonic_ns()
+    late = threading.Timer(0.005, lambda: lib.shm_ring_push(ring.handle, b"record", 6, 0))
+    late.start()  # pushed by the C alone: no post, so the sleeper is not woken for it
+    try:
+        assert ring.wait_readable(0.5, policy=WaitPolicy.SPIN_THEN_BLOCK)
+    finally:
+        late.join(5)
+    assert time.monotonic_ns() - began >= 400_000_000  # it did sleep to its timeout
+    assert ring.tally.sleeps == 1
+    came = (ring.spin.typical_ns - before) * 4 + before  # the one sample it learned
+    assert 4_000_000 <= came <= 100_000_000, f"learned {came / 1e6:.1f} ms"
 
 
 def test_tally_taken_hands_over_the_counts_and_starts_again() -> None:

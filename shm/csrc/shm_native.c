@@ -116,7 +116,8 @@ typedef struct {
     /* line 1: producer's */
     uint64_t head; /* bytes ever pushed, incl. padding and wrap skips */
     uint64_t pushed, bytes_pushed, full_events, high_water, oversized, wakeups;
-    uint64_t _pad1[LINE_WORDS - 7];
+    uint64_t last_push_ns; /* when the newest record was published (CLOCK_MONOTONIC) */
+    uint64_t _pad1[LINE_WORDS - 8];
     /* line 2: consumer's */
     uint64_t tail;
     uint64_t popped, bytes_popped, corrupt;
@@ -209,8 +210,12 @@ static int ring_reserve(const shm_ring_t *ring, uint64_t len, int count_full, ui
 
 /* Publishes a record ring_reserve made room for and its payload was written
    into; returns SHM_WAKE or SHM_OK, as shm_ring_wake. */
-static int ring_commit(const shm_ring_t *ring, uint64_t new_head, uint64_t tail, uint64_t len) {
+static int ring_commit(const shm_ring_t *ring, uint64_t new_head, uint64_t tail, uint64_t len,
+                       uint64_t now) {
     ring_t *r = (ring_t *)ring->header;
+    /* the stamp before the head: a consumer that sees the record sees this stamp
+       or a later one (a waiter learns when its record came, not when it woke) */
+    __atomic_store_n(&r->last_push_ns, now, __ATOMIC_RELAXED);
     /* release of head, pairs with the acquire in pop/used/prepare_sleep: the
        record's bytes are visible before the consumer can see the new head */
     __atomic_store_n(&r->head, new_head, __ATOMIC_RELEASE);
@@ -230,7 +235,7 @@ int shm_ring_push(const shm_ring_t *ring, const char *data, uint64_t len, int co
     int rc = ring_reserve(ring, len, count_full, &payload, &new_head, &tail);
     if (rc != SHM_OK) return rc;
     memcpy(payload, data, len);
-    return ring_commit(ring, new_head, tail, len);
+    return ring_commit(ring, new_head, tail, len, now_ns());
 }
 
 /* A record of rows written straight into the ring (no copy of it made first):
@@ -275,7 +280,7 @@ int shm_ring_push_rows(const shm_ring_t *ring, const char *head, uint64_t head_l
     const int64_t now = (int64_t)now_ns();
     memcpy(out + stamp_at, &now, 8);
     *pushed_ns = now;
-    return ring_commit(ring, new_head, tail, len);
+    return ring_commit(ring, new_head, tail, len, (uint64_t)now);
 }
 
 /* Whether to ring the consumer's doorbell after publishing something it waits
@@ -402,6 +407,13 @@ int64_t shm_ring_peek(const shm_ring_t *ring, uint64_t skip, void *out, uint64_t
         }
         tail = at + RECORD_HEADER + align8((uint64_t)len);
     }
+}
+
+/* When the newest record was pushed (CLOCK_MONOTONIC ns, as Python's
+   time.monotonic_ns), 0 before the first: what a waiter that slept learns from
+   (its wait lasted until it woke, its record came when it was pushed). */
+uint64_t shm_ring_last_push_ns(const shm_ring_t *ring) {
+    return __atomic_load_n(&((ring_t *)ring->header)->last_push_ns, __ATOMIC_RELAXED);
 }
 
 uint64_t shm_ring_used(const shm_ring_t *ring) {

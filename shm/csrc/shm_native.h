@@ -95,6 +95,7 @@ int64_t shm_ring_pop_batch(const shm_ring_t *ring, void *out, uint64_t out_cap, 
                            uint64_t max_n);
 int64_t shm_ring_peek(const shm_ring_t *ring, uint64_t skip, void *out, uint64_t out_cap);
 uint64_t shm_ring_used(const shm_ring_t *ring);
+uint64_t shm_ring_last_push_ns(const shm_ring_t *ring);
 int64_t shm_ring_pop_spin(const shm_ring_t *ring, void *out, uint64_t out_cap, uint64_t spin_ns);
 uint64_t shm_ring_wait_used(const shm_ring_t *ring, uint64_t spin_ns);
 int shm_ring_prepare_sleep(const shm_ring_t *ring);
