@@ -148,6 +148,11 @@ class BatchLoan(_Slots):
         if rc:
             check_rc(rc, f"publish of {len(self)} slots for owner {self.owner}")
 
+    def mark_published(self) -> None:
+        """Note that a call which publishes the slots itself
+        (:meth:`shm.steps.RowsWriter.send`) has: :meth:`abort` does nothing from now."""
+        self._finished = True
+
     def abort(self) -> None:
         """Give every slot back unpublished; slots reclaimed meanwhile are skipped
         (and all of them once the slab's segment is closed in this process)."""

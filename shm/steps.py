@@ -42,14 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from shm.errors import check_rc
+from shm.errors import SegmentError, check_rc
 from shm.native import ffi, lib
 from shm.ring import Ring
+from shm.segment import Segment
 from shm.slab_core import SlabCore
 from shm.words import Word
 
 _WAKE = int(lib.SHM_WAKE)
 _FULL = int(lib.SHM_RING_FULL)
+_UNSENT = (_FULL, int(lib.SHM_RING_CORRUPT))  # published, not pushed: the caller sends it
 OTHER = int(lib.SHM_ROWS_OTHER)  # a record the caller decodes itself
 SCATTERED = int(lib.SHM_ROWS_SCATTERED)  # ready rows whose slots are not one run
 ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # the six columns' bytes per row
@@ -144,6 +146,113 @@ def push_rows(
     return 0  # pragma: no cover  (check_rc raised)
 
 
+class RowsWriter:
+    """The producer of ``ring`` sending records of rows whose slots it holds in
+    ``slab`` (written, not yet published): :meth:`send` publishes them, pushes
+    the record in place (as :func:`push_rows`) and counts it, in one C call
+    (``shm_rows_send``), where a writer's step out was three calls and two
+    Python updates.
+
+    Set up once (a ``shm_rows_out_t`` in C): ``stamp_at`` is the head's push
+    stamp; ``histogram`` (``uint64`` words) and ``total`` (one word) are where
+    each record's pushed-minus-emitted time is added, as
+    ``rte.protocol.latency.Histogram.add`` adds it (log-linear buckets:
+    :func:`log_bucket`), both words of ``words_segment`` (checked mapped before
+    each call, as the ring's and the slab's are); the ``counts`` given to
+    :meth:`send` (``int64``, one per handle) get one per row pushed.
+    """
+
+    __slots__ = ("_c", "_counts", "_keep", "_pushed", "_segments", "ring")
+
+    def __init__(
+        self,
+        ring: Ring,
+        slab: SlabCore,
+        stamp_at: int,
+        *,
+        histogram: memoryview | None = None,
+        total: memoryview | None = None,
+        words_segment: Segment | None = None,
+    ) -> None:
+        self.ring = ring
+        words = words_segment or ring.segment
+        self._segments = (ring.segment, slab.segment, words)  # each checked open before a call
+        c = self._c = ffi.new("shm_rows_out_t *")
+        c.ring, c.slab, c.stamp_at = ring.handle, slab.meta, stamp_at
+        if histogram is not None:
+            c.histogram, c.nbuckets = _words_in(words, histogram), len(histogram)
+        if total is not None:
+            c.total = _words_in(words, total)
+        self._counts: Any = None
+        self._pushed = ffi.new("int64_t *")  # the C's out-parameter, reused
+        self._keep = (histogram, total)  # (their mappings outlive the pointers)
+
+    def send(
+        self,
+        head: bytes,
+        slots: Any,
+        generations: Any,
+        chunks: Sequence[int],
+        generated_ns: int | Sequence[int],
+        handles: Sequence[int],
+        applied: Sequence[int] | None,
+        emitted_ns: int,
+        counts: np.ndarray[Any, Any] | None = None,
+    ) -> int:
+        """Publish ``slots``, push the record of their rows and count it; rings the
+        doorbell when the reader sleeps. Returns the push stamp; 0 when the slots
+        were published but the record was not pushed (the ring has no room, or
+        its reader garbled it: send it another way); -1 when some slot was not
+        the writer's to publish any more (reclaimed: nothing pushed or counted).
+        Columns as :func:`push_rows`; ``counts``: ``int64``, one per handle.
+
+        Raises:
+            RecordTooLarge: the record can never fit the ring (its slots published).
+            ValueError: the columns' lengths differ.
+            SegmentError: the ring's or the slab's segment is closed here.
+        """
+        n = len(slots)
+        if not (len(generations) == len(chunks) == len(handles) == n) or (
+            applied is not None and len(applied) != n
+        ):
+            raise ValueError(f"a record of {n} rows needs every column of {n}")
+        for segment in self._segments:  # (the pointers would reach unmapped memory)
+            if segment.closed:
+                raise SegmentError(f"segment {segment.name} is closed here")
+        c = self._c
+        if counts is not self._counts:  # (the owner's counts grow by a new array)
+            if counts is not None and counts.dtype != _INT64:
+                raise ValueError(f"counts must be int64, not {counts.dtype}")
+            c.counts = ffi.NULL if counts is None else ffi.from_buffer("int64_t[]", counts)
+            c.ncounts = 0 if counts is None else len(counts)
+            self._counts = counts
+        if isinstance(generated_ns, int):
+            generated, stride = [generated_ns], 0
+        else:
+            generated, stride = _column("q", "int64_t[]", generated_ns), 1
+        pushed = self._pushed
+        rc = lib.shm_rows_send(
+            c,
+            head,
+            len(head),
+            ffi.from_buffer("uint64_t[]", slots),
+            ffi.from_buffer("uint64_t[]", generations),
+            _column("q", "int64_t[]", chunks),
+            generated,
+            stride,
+            _column("I", "uint32_t[]", handles),
+            ffi.NULL if applied is None else _column("I", "uint32_t[]", applied),
+            n,
+            emitted_ns,
+            pushed,
+        )
+        if rc == _WAKE and self.ring.doorbell is not None:
+            self.ring.doorbell.ring()
+        elif rc < 0 and rc not in _UNSENT and pushed[0] == 0:
+            check_rc(rc, f"send of a record of {n} rows to {self.ring.where()}")
+        return int(pushed[0])
+
+
 class RowsReader:
     """The consumer of ``ring`` reading records of rows whose slots lie in
     ``slab``: a head of ``head_len`` bytes starting with byte ``kind``, its row
@@ -189,9 +298,9 @@ class RowsReader:
         c.type, c.head_len, c.count_at, c.nhandles = kind, head_len, count_at, handles
         c.stamp_at, c.owner = stamp_at, owner
         if histogram is not None:
-            c.histogram, c.nbuckets = _words_in(ring, histogram), len(histogram)
+            c.histogram, c.nbuckets = _words_in(ring.segment, histogram), len(histogram)
         if counts is not None:
-            c.counts, c.ncounts = _words_in(ring, counts), len(counts)
+            c.counts, c.ncounts = _words_in(ring.segment, counts), len(counts)
         if starved is not None:
             if starved.segment is not ring.segment:
                 raise ValueError("the starved word must lie in the ring's own segment")
@@ -265,13 +374,13 @@ def log_bucket(ns: int, buckets: int) -> int:
     return int(lib.shm_log_bucket(ns, buckets))
 
 
-def _words_in(ring: Ring, words: memoryview) -> Any:
-    """A ``uint64_t *`` over ``words``, which must lie in ``ring``'s segment (the
-    reader checks that segment is mapped before every call), holding no export."""
-    segment = ring.segment
+def _words_in(segment: Segment, words: memoryview) -> Any:
+    """A ``uint64_t *`` over ``words``, which must lie in ``segment`` (checked
+    mapped before every call that uses it), holding no export (an export would
+    keep the segment from closing)."""
     with ffi.from_buffer(words) as buffer:
         offset = int(ffi.cast("uintptr_t", buffer)) - segment.address
     if offset < 0 or offset % 8 or words.itemsize != 8:
-        raise ValueError("the reader's words must be uint64 words of the ring's own segment")
+        raise ValueError(f"the words must be uint64 words of segment {segment.name}")
     segment.ptr(offset + words.nbytes - 1)  # (SegmentError past the mapping)
     return segment.word(offset)

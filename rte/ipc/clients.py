@@ -34,6 +34,7 @@ ring whose header the client garbled is treated as a full one.
 
 from __future__ import annotations
 
+import array
 import collections
 import logging
 import time
@@ -84,7 +85,7 @@ class Connection:
     credits: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     next_handle: int = 0
     # the handles of the last list of sessions sent a STEP record (see Outbound)
-    handle_cache: tuple[list[str], list[int], np.ndarray[Any, Any]] | None = None
+    handle_cache: tuple[list[str], array.array[int], np.ndarray[Any, Any]] | None = None
     figures: SessionFigures | None = None  # its sessions' real-time figures, by handle
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ reads again. The daemon's counters in the control segment are kept here.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 from typing import Any
@@ -30,12 +31,13 @@ from rte.ipc.allocator import Lease
 from rte.ipc.clients import ClientTable, Connection
 from rte.ipc.router import Router
 from rte.protocol.control import Control, Counter
-from rte.protocol.steps import send_step
+from rte.protocol.steps import IN_PLACE, send_step, step_head, step_writer
 from rte.protocol.wire import encode_notice
 from rte.receipts import Receipts
 from rte.serve import OutboxItem
 from shm import ShmError, Slab, one_run
 from shm.batch import Words, release_slots
+from shm.steps import RowsWriter
 
 _COUNTED = {
     NoticeKind.ERROR: Counter.ERRORS,
@@ -61,6 +63,8 @@ class Outbound:
         self.histogram = control.histogram
         self.receipts: Receipts | None = None  # the serve loop's, set by the core
         self._emitted = 0
+        # each client slot's writer of STEP records, with the connection it is for
+        self._writers: dict[int, tuple[Connection, RowsWriter]] = {}
 
     def deliver(
         self, items: list[OutboxItem], requester: Connection | None, credits: int = 0
@@ -98,6 +102,17 @@ class Outbound:
 
     def _step(self, leases: list[Lease]) -> None:
         owner = leases[0].owner
+        live = self.table.connections.get(owner.index) is owner
+        if live and len(leases) == 1 and IN_PLACE and not owner.backlog:
+            (lease,) = leases
+            found = self._handles(owner, lease.sessions)
+            if found is not None:
+                pushed = self._send_whole(owner, lease, *found)
+                if pushed:  # sent, or its slots reclaimed meanwhile (counted)
+                    return
+                # published, not pushed (no room): the reference queues the record
+                self._send(owner, leases, live)
+                return
         published: list[Lease] = []
         for lease in leases:
             try:
@@ -105,21 +120,76 @@ class Outbound:
                 published.append(lease)
             except ShmError:  # reclaimed meanwhile: its client is gone, nothing to send
                 self.control.count(Counter.CHUNKS_DROPPED, len(lease.loan))
-        if not published:
-            return
+        if published:
+            self._send(owner, published, live)
+
+    def _handles(
+        self, owner: Connection, sessions: list[str]
+    ) -> tuple[array.array[int], np.ndarray[Any, Any]] | None:
+        """The handles of ``sessions`` (as the ``uint32`` column the C reads in
+        place, and as an index), or None when one detached meanwhile (nobody
+        reads its chunk). The engine hands the same list step after step: the
+        last one's are kept."""
+        cached = owner.handle_cache
+        if cached is not None and cached[0] is sessions:
+            return cached[1], cached[2]
+        try:
+            handles = array.array("I", map(owner.handles.__getitem__, sessions))
+        except KeyError:
+            return None
+        index = np.array(handles, np.intp)
+        owner.handle_cache = (sessions, handles, index)
+        return handles, index
+
+    def _send_whole(
+        self,
+        owner: Connection,
+        lease: Lease,
+        handles: array.array[int],
+        index: np.ndarray[Any, Any],
+    ) -> int:
+        """One lease out in one C call (:func:`~rte.protocol.steps.step_writer`):
+        published, its STEP record pushed in place, the delivery histogram and the
+        owner's emitted counts added to. Returns the push stamp; 0 when the slots
+        were published but the record not pushed; -1 when some slot was reclaimed
+        meanwhile (its client is gone: counted, nothing sent)."""
+        writer = self._writers.get(owner.index)
+        if writer is None or writer[0] is not owner:
+            writer = self._writers[owner.index] = (
+                owner,
+                step_writer(owner.outbox, self.slab, self.histogram, self.control.segment),
+            )
+        loan, emitted_ns = lease.loan, lease.emitted_ns
+        receipts = self.receipts
+        applied = receipts.column(lease.sessions, lease.chunks) if receipts is not None else None
+        pushed = writer[1].send(
+            step_head(len(loan), loan.contiguous, emitted_ns),
+            loan.slots,
+            loan.generations,
+            lease.chunks,
+            lease.generated_ns,
+            handles,
+            applied,
+            emitted_ns,
+            owner.emitted,
+        )
+        loan.mark_published()
+        if pushed > 0:
+            self._emitted += len(loan)
+            if owner.figures is not None:
+                owner.figures.emitted(index, emitted_ns, applied)
+        elif pushed < 0:
+            self.control.count(Counter.CHUNKS_DROPPED, len(loan))
+        return pushed
+
+    def _send(self, owner: Connection, published: list[Lease], live: bool) -> None:
+        """The reference: one STEP record of ``published`` (their slots published)
+        encoded in Python (or pushed in place, from 16 rows) and sent or queued."""
         record = _Record.of(published)
         slots, sessions, emitted_ns = record.slots, record.sessions, record.emitted_ns
-        live = self.table.connections.get(owner.index) is owner
-        handles: list[int] | None = None
-        cached = owner.handle_cache  # the engine hands the same list step after step
-        if cached is not None and cached[0] is sessions:
-            handles, index = cached[1], cached[2]
-        elif live:
-            with contextlib.suppress(KeyError):  # a session detached meanwhile: nobody reads
-                handles = list(map(owner.handles.__getitem__, sessions))
-                index = np.array(handles, np.intp)
-                owner.handle_cache = (sessions, handles, index)
-        if handles is not None and live:
+        found = self._handles(owner, sessions) if live else None
+        if found is not None:
+            handles, index = found
             receipts = self.receipts
             applied = receipts.column(sessions, record.chunks) if receipts is not None else None
             pushed = send_step(

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rte.protocol.latency import Histogram
 from rte.protocol.wire import (
     _PUSHED_AT,
     HEADER,
@@ -37,8 +38,9 @@ from rte.protocol.wire import (
 )
 from shm import RingCorrupt
 from shm.ring import Ring
+from shm.segment import Segment
 from shm.slab_core import SlabCore
-from shm.steps import OTHER, RowsReader, push_rows
+from shm.steps import OTHER, RowsReader, RowsWriter, push_rows
 from shm.words import Word
 
 IN_PLACE = os.environ.get("RTE_PURE_PYTHON", "") != "1"
@@ -134,6 +136,21 @@ def send_step(
     pushed = time.monotonic_ns()
     stamp_pushed(encoded, pushed)
     return pushed if send(encoded) else 0
+
+
+def step_writer(ring: Ring, slab: SlabCore, delivery: Histogram, segment: Segment) -> RowsWriter:
+    """The daemon's writer of STEP records into one client's ``ring``
+    (``shm_rows_send``): a step's slots in ``slab`` published, its record pushed
+    in place and its emitted-to-pushed time added to ``delivery`` (the control
+    block's histogram, in ``segment``), in one C call."""
+    return RowsWriter(
+        ring,
+        slab,
+        _PUSHED_AT,
+        histogram=delivery.words,
+        total=delivery.total,
+        words_segment=segment,
+    )
 
 
 # -- the client's side ----------------------------------------------------------

@@ -1017,3 +1017,41 @@ int64_t shm_rows_give_back(const shm_rows_t *r, const uint8_t *rec, uint64_t len
     }
     return out;
 }
+
+/* -- a writer of records of rows: publish, push and count in one call ------- */
+
+/* One record of rows out, as a writer's three steps would send it: publish
+   every slot (WRITING -> READY), then push the record in place
+   (shm_ring_push_rows, count_full 0), then count it: its pushed-minus-emitted
+   time into the histogram (and the total), one at counts[handles[k]] per row.
+   A slot the writer does not hold any more (reclaimed) refuses its publish:
+   then nothing is pushed or counted, *pushed_ns is -1 and its code returned
+   (the other slots are published all the same, as shm_slab_publish_batch).
+   Otherwise returns shm_ring_push_rows' code: SHM_OK or SHM_WAKE (pushed and
+   counted, *pushed_ns its stamp), or a refusal (SHM_RING_FULL...: published,
+   not pushed, *pushed_ns 0: the caller sends the record its own way). */
+int shm_rows_send(const shm_rows_out_t *w, const char *head, uint64_t head_len,
+                  const uint64_t *slots, const uint64_t *generations, const int64_t *chunks,
+                  const int64_t *generated, uint64_t generated_stride, const uint32_t *handles,
+                  const uint32_t *applied, uint64_t n, int64_t emitted_ns, int64_t *pushed_ns) {
+    *pushed_ns = 0;
+    if (n == 0) return SHM_BAD_ARGUMENT;
+    const int64_t refused = shm_slab_publish_batch(w->slab, slots, generations, n);
+    if (refused != SHM_OK) {
+        *pushed_ns = -1;
+        return (int)refused;
+    }
+    int64_t pushed = 0;
+    const int rc = shm_ring_push_rows(w->ring, head, head_len, w->stamp_at, slots, generations,
+                                      chunks, generated, generated_stride, handles, applied, n,
+                                      0, &pushed);
+    if (rc != SHM_OK && rc != SHM_WAKE) return rc;
+    *pushed_ns = pushed;
+    const int64_t took = pushed - emitted_ns;
+    if (w->histogram != NULL) bump(&w->histogram[shm_log_bucket(took, w->nbuckets)], 1);
+    if (w->total != NULL && took > 0) bump(w->total, (uint64_t)took);
+    if (w->counts != NULL)
+        for (uint64_t k = 0; k < n; k++)
+            if (handles[k] < w->ncounts) w->counts[handles[k]] += 1;
+    return rc;
+}

@@ -178,3 +178,24 @@ uint64_t shm_log_bucket(int64_t ns, uint64_t nbuckets);
 int64_t shm_rows_pop(const shm_rows_t *rows);
 int64_t shm_rows_give_back(const shm_rows_t *rows, const uint8_t *rec, uint64_t len,
                            const int64_t *pick, uint64_t npick, int credit);
+
+/* -- a writer of records of rows, set up once (shm/steps.py RowsWriter): what
+   each send counts, and where. The histogram and total are the writer's own
+   words (or NULL); counts, set before each send that counts, are its own
+   int64 per handle. The caller checks the segments are mapped before each call. */
+typedef struct {
+    const shm_ring_t *ring; /* the ring pushed, the slab its slots lie in */
+    const shm_slab_t *slab;
+    uint64_t stamp_at;      /* byte of the head the push time is written at */
+    uint64_t *histogram;    /* nbuckets words: each record's pushed-minus-emitted time, or NULL */
+    uint64_t nbuckets;
+    uint64_t *total;        /* one word: the sum of those times, or NULL */
+    int64_t *counts;        /* one added at counts[handle] per row pushed, or NULL */
+    uint64_t ncounts;
+} shm_rows_out_t;
+
+/* Publish a record's slots, push it in place and count it: one writer's step out. */
+int shm_rows_send(const shm_rows_out_t *w, const char *head, uint64_t head_len,
+                  const uint64_t *slots, const uint64_t *generations, const int64_t *chunks,
+                  const int64_t *generated, uint64_t generated_stride, const uint32_t *handles,
+                  const uint32_t *applied, uint64_t n, int64_t emitted_ns, int64_t *pushed_ns);
