@@ -12,6 +12,10 @@ the :class:`~rte.ipc.router.Router` says, encoded to fit the ring it goes to
 every row's receipt (the seq of the last action its chunk applied, from the
 serve loop's :class:`~rte.receipts.Receipts`; none while no session has
 acted).
+The usual step out (one lease, nothing queued before it) is one C call
+(:func:`~rte.protocol.steps.step_writer`): published, pushed in place, its
+delivery time and emitted counts added; the reference path (several leases, a
+backlog, ``RTE_PURE_PYTHON=1``) publishes, then encodes or pushes.
 Nothing here raises for one client's state: a client whose ring and backlog
 are full loses the answer, which is counted, and is told how many once it
 reads again. The daemon's counters in the control segment are kept here.
