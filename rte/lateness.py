@@ -24,14 +24,17 @@ DOWN = 1 / 16  # one below, this share (a slow decay: the estimate keeps the tai
 
 class Lateness:
     """A high quantile of a delay in ns, learned sample by sample; :meth:`margin_ns`
-    the wait's margin from it (twice the estimate, within ``floor_ns``..``cap_ns``)."""
+    the wait's margin from it (``times`` the estimate, default twice, within
+    ``floor_ns``..``cap_ns``)."""
 
-    __slots__ = ("cap_ns", "estimate_ns", "floor_ns")
+    __slots__ = ("cap_ns", "estimate_ns", "floor_ns", "times")
 
-    def __init__(self, floor_ns: int, cap_ns: int) -> None:
+    def __init__(self, floor_ns: int, cap_ns: int, times: float = 2.0) -> None:
         if not 0 <= floor_ns <= cap_ns:
             raise ValueError(f"a margin needs 0 <= floor <= cap, got {floor_ns}, {cap_ns}")
-        self.floor_ns, self.cap_ns = floor_ns, cap_ns
+        if not times > 0:
+            raise ValueError(f"a margin is a positive multiple of the estimate, got {times}")
+        self.floor_ns, self.cap_ns, self.times = floor_ns, cap_ns, times
         self.estimate_ns = 0.0
 
     def saw(self, late_ns: int) -> None:
@@ -42,4 +45,4 @@ class Lateness:
 
     def margin_ns(self) -> int:
         """How early to wake (or how long to spin past) for what was seen."""
-        return int(min(self.cap_ns, max(self.floor_ns, 2 * self.estimate_ns)))
+        return int(min(self.cap_ns, max(self.floor_ns, self.times * self.estimate_ns)))
