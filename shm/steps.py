@@ -59,6 +59,43 @@ _GONE = (int(lib.SHM_SLAB_STALE), int(lib.SHM_SLAB_FOREIGN))  # a reclaimed slot
 _INT64 = np.dtype(np.int64)
 
 
+def _row_columns(
+    slots: Any,
+    generations: Any,
+    chunks: Sequence[int],
+    generated_ns: int | Sequence[int],
+    handles: Sequence[int],
+    applied: Sequence[int] | None,
+) -> tuple[Any, ...]:
+    """The C's arguments for ``n`` rows' columns (slots, generations, chunks,
+    generated and its stride, handles, applied, ``n``), each length checked."""
+    n = len(slots)
+    if not (len(generations) == len(chunks) == len(handles) == n) or (
+        applied is not None and len(applied) != n
+    ):
+        raise ValueError(
+            f"a record of {n} rows needs every column of {n}: generations "
+            f"{len(generations)}, chunks {len(chunks)}, handles {len(handles)}, "
+            f"applied {'none' if applied is None else len(applied)}"
+        )
+    if isinstance(generated_ns, int):
+        generated, stride = [generated_ns], 0
+    else:
+        if len(generated_ns) != n:
+            raise ValueError(f"a record of {n} rows has {len(generated_ns)} generation times")
+        generated, stride = _column("q", "int64_t[]", generated_ns), 1
+    return (
+        ffi.from_buffer("uint64_t[]", slots),
+        ffi.from_buffer("uint64_t[]", generations),
+        _column("q", "int64_t[]", chunks),
+        generated,
+        stride,
+        _column("I", "uint32_t[]", handles),
+        ffi.NULL if applied is None else _column("I", "uint32_t[]", applied),
+        n,
+    )
+
+
 def _column(code: str, c_type: str, values: Any) -> Any:
     """A C array over ``values``: a list copied once (``array.array``, faster
     than cffi's own conversion of a list), a buffer (NumPy array,
@@ -97,38 +134,10 @@ def push_rows(
             there are no rows.
         SegmentError: the ring's segment is closed in this process.
     """
-    n = len(slots)
-    if not (len(generations) == len(chunks) == len(handles) == n) or (
-        applied is not None and len(applied) != n
-    ):
-        raise ValueError(
-            f"a record of {n} rows needs every column of {n}: generations "
-            f"{len(generations)}, chunks {len(chunks)}, handles {len(handles)}, "
-            f"applied {'none' if applied is None else len(applied)}"
-        )
-    if isinstance(generated_ns, int):
-        generated, stride = [generated_ns], 0
-    else:
-        if len(generated_ns) != n:
-            raise ValueError(f"a record of {n} rows has {len(generated_ns)} generation times")
-        generated, stride = _column("q", "int64_t[]", generated_ns), 1
+    columns = _row_columns(slots, generations, chunks, generated_ns, handles, applied)
     pushed = ffi.new("int64_t *")
-    rc = lib.shm_ring_push_rows(
-        ring.handle,
-        head,
-        len(head),
-        stamp_at,
-        ffi.from_buffer("uint64_t[]", slots),
-        ffi.from_buffer("uint64_t[]", generations),
-        _column("q", "int64_t[]", chunks),
-        generated,
-        stride,
-        _column("I", "uint32_t[]", handles),
-        ffi.NULL if applied is None else _column("I", "uint32_t[]", applied),
-        n,
-        0,
-        pushed,
-    )
+    rc = lib.shm_ring_push_rows(ring.handle, head, len(head), stamp_at, *columns, 0, pushed)
+    n = len(slots)
     if rc == 0:
         return int(pushed[0])
     if rc == _WAKE:
@@ -211,11 +220,7 @@ class RowsWriter:
             ValueError: the columns' lengths differ.
             SegmentError: the ring's or the slab's segment is closed here.
         """
-        n = len(slots)
-        if not (len(generations) == len(chunks) == len(handles) == n) or (
-            applied is not None and len(applied) != n
-        ):
-            raise ValueError(f"a record of {n} rows needs every column of {n}")
+        columns = _row_columns(slots, generations, chunks, generated_ns, handles, applied)
         for segment in self._segments:  # (the pointers would reach unmapped memory)
             if segment.closed:
                 raise SegmentError(f"segment {segment.name} is closed here")
@@ -226,30 +231,12 @@ class RowsWriter:
             c.counts = ffi.NULL if counts is None else ffi.from_buffer("int64_t[]", counts)
             c.ncounts = 0 if counts is None else len(counts)
             self._counts = counts
-        if isinstance(generated_ns, int):
-            generated, stride = [generated_ns], 0
-        else:
-            generated, stride = _column("q", "int64_t[]", generated_ns), 1
         pushed = self._pushed
-        rc = lib.shm_rows_send(
-            c,
-            head,
-            len(head),
-            ffi.from_buffer("uint64_t[]", slots),
-            ffi.from_buffer("uint64_t[]", generations),
-            _column("q", "int64_t[]", chunks),
-            generated,
-            stride,
-            _column("I", "uint32_t[]", handles),
-            ffi.NULL if applied is None else _column("I", "uint32_t[]", applied),
-            n,
-            emitted_ns,
-            pushed,
-        )
+        rc = lib.shm_rows_send(c, head, len(head), *columns, emitted_ns, pushed)
         if rc == _WAKE and self.ring.doorbell is not None:
             self.ring.doorbell.ring()
         elif rc < 0 and rc not in _UNSENT and pushed[0] == 0:
-            check_rc(rc, f"send of a record of {n} rows to {self.ring.where()}")
+            check_rc(rc, f"send of a record of {len(slots)} rows to {self.ring.where()}")
         return int(pushed[0])
 
 
