@@ -57,6 +57,7 @@ SCATTERED = int(lib.SHM_ROWS_SCATTERED)  # ready rows whose slots are not one ru
 ROW_BYTES = 8 + 8 + 8 + 8 + 4 + 4  # the six columns' bytes per row
 _GONE = (int(lib.SHM_SLAB_STALE), int(lib.SHM_SLAB_FOREIGN))  # a reclaimed slot: skip
 _INT64 = np.dtype(np.int64)
+_OWN = "the ring's own segment"  # where a reader's words must lie
 
 
 def _row_columns(
@@ -285,9 +286,9 @@ class RowsReader:
         c.type, c.head_len, c.count_at, c.nhandles = kind, head_len, count_at, handles
         c.stamp_at, c.owner = stamp_at, owner
         if histogram is not None:
-            c.histogram, c.nbuckets = _words_in(ring.segment, histogram), len(histogram)
+            c.histogram, c.nbuckets = _words_in(ring.segment, histogram, _OWN), len(histogram)
         if counts is not None:
-            c.counts, c.ncounts = _words_in(ring.segment, counts), len(counts)
+            c.counts, c.ncounts = _words_in(ring.segment, counts, _OWN), len(counts)
         if starved is not None:
             if starved.segment is not ring.segment:
                 raise ValueError("the starved word must lie in the ring's own segment")
@@ -361,13 +362,14 @@ def log_bucket(ns: int, buckets: int) -> int:
     return int(lib.shm_log_bucket(ns, buckets))
 
 
-def _words_in(segment: Segment, words: memoryview) -> Any:
+def _words_in(segment: Segment, words: memoryview, whose: str = "") -> Any:
     """A ``uint64_t *`` over ``words``, which must lie in ``segment`` (checked
-    mapped before every call that uses it), holding no export (an export would
-    keep the segment from closing)."""
+    mapped before every call that uses it; ``whose`` names it in the error),
+    holding no export (an export would keep the segment from closing)."""
     with ffi.from_buffer(words) as buffer:
         offset = int(ffi.cast("uintptr_t", buffer)) - segment.address
     if offset < 0 or offset % 8 or words.itemsize != 8:
-        raise ValueError(f"the words must be uint64 words of segment {segment.name}")
+        where = whose or f"segment {segment.name}"
+        raise ValueError(f"the words must be uint64 words of {where}")
     segment.ptr(offset + words.nbytes - 1)  # (SegmentError past the mapping)
     return segment.word(offset)
