@@ -20,7 +20,7 @@ import pytest
 
 from rte.protocol.latency import BUCKETS, Histogram, bucket
 from rte.protocol.steps import step_head, step_writer
-from rte.protocol.wire import decode_reply, encode_step, stamp_pushed
+from rte.protocol.wire import encode_step, stamp_pushed
 from shm import Ring, Segment, SegmentError, Slab
 from shm.batch import BatchLoan
 from shm.segment import HEADER_SIZE
@@ -112,8 +112,6 @@ def test_one_call_publishes_pushes_the_reference_record_and_counts_it(
     np.testing.assert_array_equal(rig.delivery.counts(), expected)
     assert rig.delivery.total is not None and rig.delivery.total[0] == pushed - 1_000
     np.testing.assert_array_equal(rig.counts, np.bincount(handles, minlength=8))
-    decoded = decode_reply(bytes(reference))
-    assert decoded is not None
 
 
 def test_a_slot_reclaimed_meanwhile_pushes_and_counts_nothing(rig: Rig) -> None:
