@@ -22,7 +22,7 @@ import pytest
 from async_facade import LoopClient
 from daemon_harness import DaemonProcess, Deadline, take
 
-from rte import AdmissionError, ClientClosedError, ComposedEngine, NoticeKind, RequestError
+from rte import AdmissionError, ClientClosedError, ComposedEngine, Notice, NoticeKind, RequestError
 from rte.client import Chunk, EngineClient, InProcessClient, PoolClient, connect, connect_async
 from rte.models import load_model
 from rte.models.null import tag_of
@@ -330,8 +330,10 @@ def test_a_large_input_reaches_the_engine_by_value_or_by_loan(engine: Engines) -
 
     def until(looks_right: Callable[[np.ndarray], bool], what: str) -> None:
         limit = Deadline(what=what)
+        told: list[Notice] = []  # (a refused act says why here)
         while True:
-            limit.check()
+            limit.check(f"(notices: {told})")
+            told += client.notices()
             (chunk,) = take(client, "a", 1)
             if looks_right(chunk.latent):
                 return

@@ -73,7 +73,7 @@ def test_a_daemon_that_cannot_start_is_said_at_once_in_its_own_words(shm_prefix:
 def test_a_wait_says_what_it_waits_for_and_a_timeout_leaves_the_daemon_running(
     shm_prefix: str, tmp_path: Path
 ) -> None:
-    env = environment(RTE_TEST_LOADING=str(tmp_path / "loading"), RTE_TEST_LOAD_S="30")
+    env = environment(RTE_TEST_LOADING=str(tmp_path / "loading"), RTE_TEST_LOAD_S="6")
     daemon = LaunchedDaemon(f"{shm_prefix}d", ("--model", "slow_model:slow_reference"), env=env)
     told: list[tuple[str, float]] = []
     try:

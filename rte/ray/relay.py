@@ -109,6 +109,7 @@ class Relay:
         self._exports: dict[int, Export] = {}  # seq -> an export sent with its slot
         self._woke: asyncio.Future[None] | None = None  # what the stream sleeps on
         self._streaming = False
+        self._order = asyncio.Lock()  # requests go to the daemon in the order they came
         self.closed = False
         # what it relayed so far (states: through the object store, each way)
         self.counts = dict.fromkeys(
@@ -119,41 +120,62 @@ class Relay:
 
     async def send(self, request: Request, room_s: float) -> None:
         """Lend and send ``request`` (its first try before any await: the order of
-        the caller's calls is the order sent; only an attach moving a state in
+        the caller's calls is the order sent; one that waits for room, up to
+        ``room_s``, holds up those after it; only an attach moving a state in
         awaits its bytes first, and the caller waits for its answer); what cannot
         be sent goes back as an ERROR notice for its seq."""
         if self.closed:
             return
-        transport = self.transport
         deadline = time.monotonic() + room_s
         try:
             if isinstance(request, Attach) and isinstance(
                 request.conditioning.get(STATE_KEY), StoredState
             ):
                 request = await self._fetched(request)
-            lent: Request
-            if isinstance(request, Export):
-                lent = self._exports[request.seq] = transport.export_into(request, 0.0)
-            else:
-                lent = transport.lend(request, 0.0)
-            try:
-                while True:
-                    try:
-                        transport.send(lent, 0.0)
-                        return
-                    except RequestTimeout:
-                        if time.monotonic() >= deadline:
-                            raise
-                    await asyncio.sleep(RETRY_S)
-            except BaseException:
-                transport.unlend(lent)
-                self._export_done(request.seq)
-                raise
+            async with self._order:  # (FIFO, and taken at once when nothing waits)
+                await self._sent(request, deadline)
         except RteError as exc:  # as the caller's own call would have raised it
             kind = NoticeKind.REJECTED if isinstance(exc, AdmissionError) else NoticeKind.ERROR
             why = str(exc) if kind is NoticeKind.REJECTED else f"{type(exc).__name__}: {exc}"
             self._early.append(Notice(request.session, kind, why, request.seq))
             self._poke()
+
+    async def _sent(self, request: Request, deadline: float) -> None:
+        """Lent, then pushed into the daemon's inbox, each tried again until
+        ``deadline`` while there is no room; what was lent goes back on a failure."""
+        transport = self.transport
+        lent = await self._lent(request, deadline)
+        try:
+            while True:
+                try:
+                    transport.send(lent, 0.0)
+                    return
+                except RequestTimeout:
+                    if time.monotonic() >= deadline:
+                        raise
+                await asyncio.sleep(RETRY_S)
+        except BaseException:
+            transport.unlend(lent)
+            self._export_done(request.seq)
+            raise
+
+    async def _lent(self, request: Request, deadline: float) -> Request:
+        """``request`` lent (its large arrays copied into input slots, an export's
+        slot taken), waiting until ``deadline`` for slots the daemon still holds,
+        as the caller's own ``act`` would wait on this node (once tried at once
+        only: an act that came while the frames it replaces were still being
+        read was refused, and lost)."""
+        transport = self.transport
+        while True:
+            try:
+                if isinstance(request, Export):
+                    lent = self._exports[request.seq] = transport.export_into(request, 0.0)
+                    return lent
+                return transport.lend(request, 0.0)
+            except RequestTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(RETRY_S)
 
     async def _fetched(self, request: Attach) -> Attach:
         """``request`` with its state's bytes, fetched from the object store;
