@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import early_runs
 import pytest
 
 from probe_model import ProbeModel, make_engine
@@ -121,3 +122,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for extra, module in EXTRAS.items():
         if item.get_closest_marker(extra) and importlib.util.find_spec(module) is None:
             pytest.skip(f"needs the {extra} extra: pip install -e '.[{extra}]'")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The long checks of the collected tests start now, beside the rest (early_runs)."""
+    early_runs.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early_runs.stop()
