@@ -49,7 +49,8 @@ def test_a_session_moves_to_another_node_and_back_its_frames_the_twins(
     with RayClient(router, started) as client:
         local, remote = places(client)
         client.attach("a", {"prompt": "forest"})
-        if client.home["a"] != local:  # (placed by free rows: all equal)
+        first = client.home["a"]
+        if first != local:  # (placed by free rows: all equal)
             client.migrate("a", to=local)
         assert client.path("a") == "shm"
         frames_until(client, frames, 6)
@@ -62,7 +63,9 @@ def test_a_session_moves_to_another_node_and_back_its_frames_the_twins(
         frames_until(client, frames, 24)
         counts = ray.get(started[remote[0]].relayed.remote(client.owner), timeout=30)
     _same_as(frames, twin, 24)
-    assert counts["states_in"] == 1 and counts["states_out"] == 1, counts
+    # (placed first on that remote host, the session left it once more: in CI once)
+    out = 2 if first == remote[0] else 1
+    assert counts["states_in"] == 1 and counts["states_out"] == out, (counts, first, remote)
 
 
 def test_a_move_refused_by_a_full_node_goes_back_and_drain_moves_it_on(
