@@ -277,6 +277,10 @@ class Ring:
         """Bytes pushed and not yet popped (records, padding and wrap skips)."""
         return int(lib.shm_ring_used(self.handle))
 
+    def last_push_ns(self) -> int:
+        """When the newest record was pushed (``time.monotonic_ns``; 0: none yet)."""
+        return int(lib.shm_ring_last_push_ns(self.handle))
+
     def prepare_sleep(self) -> bool:
         """Announce that the consumer will sleep on the doorbell. True when records
         arrived meanwhile (then do not sleep); otherwise call :meth:`end_sleep` on

@@ -254,7 +254,9 @@ class RowsReader:
     push stamp at ``stamp_at`` of its head (log-linear buckets,
     :func:`log_bucket`); ``owner``, ``counts`` (words of the ring's segment,
     one per handle) and ``starved`` (a word of the ring's segment) are where
-    :meth:`give_back` releases, credits and wakes the writer.
+    :meth:`give_back` releases, credits and wakes the writer; ``given`` (a word
+    of the ring's segment) is stamped with the clock at each give back that
+    credits (when the writer's credits came: what its wait learns).
     """
 
     __slots__ = ("_c", "_info", "_keep", "_lens", "_max", "_out", "_segments", "_slab", "ring")
@@ -273,6 +275,7 @@ class RowsReader:
         owner: int = 0,
         counts: memoryview | None = None,
         starved: Word | None = None,
+        given: Word | None = None,
     ) -> None:
         self.ring = ring
         self._slab = slab
@@ -289,11 +292,12 @@ class RowsReader:
             c.histogram, c.nbuckets = _words_in(ring.segment, histogram, _OWN), len(histogram)
         if counts is not None:
             c.counts, c.ncounts = _words_in(ring.segment, counts, _OWN), len(counts)
-        if starved is not None:
-            if starved.segment is not ring.segment:
-                raise ValueError("the starved word must lie in the ring's own segment")
-            c.starved = ring.segment.word(starved.offset)
-        self._keep = (histogram, counts, starved)  # (their mappings outlive the pointers)
+        for name, word in (("starved", starved), ("given", given)):
+            if word is not None:
+                if word.segment is not ring.segment:
+                    raise ValueError(f"the {name} word must lie in the ring's own segment")
+                setattr(c, name, ring.segment.word(word.offset))
+        self._keep = (histogram, counts, starved, given)  # (their mappings outlive the pointers)
 
     def _closed(self) -> bool:
         """Whether the ring's or the slab's segment is closed here (its pointers

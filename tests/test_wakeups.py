@@ -184,3 +184,62 @@ def test_a_daemon_without_sessions_sleeps_instead_of_spinning(shm_prefix: str) -
     waits = after["idle_waits"] - before["idle_waits"]
     sleeps = after["idle_sleeps"] - before["idle_sleeps"]
     assert waits >= 5 and sleeps == waits  # each wait slept: none ended in a spin
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_a_give_back_that_credits_stamps_when_in_the_credit_block(
+    shm_prefix: str, path: str
+) -> None:
+    """Each release that credits writes the clock in the client's credit block (the
+    C give back in its one call; the reference path after its credits): what a
+    daemon waiting for those credits learns from (below)."""
+    daemon = DaemonProcess(shm_prefix, "--model", "null", "--max-sessions", "1")
+    try:
+        with daemon.client() as client:
+            transport = client.transport
+            transport.judging = path == "c"  # (False: the Python reference reads the STEPs)
+            block = transport._block  # type: ignore[attr-defined]
+            assert block.given_ns() == 0  # never credited yet
+            client.attach("s")
+            batch = client.poll_batch(timeout=30)
+            assert batch is not None
+            before = time.monotonic_ns()
+            batch.release()
+            assert before <= block.given_ns() <= time.monotonic_ns()
+    finally:
+        assert daemon.stop() == 0, daemon.stderr
+
+
+def test_an_idle_wait_learns_when_its_credits_or_requests_came_not_when_it_woke(
+    shm_prefix: str,
+) -> None:
+    """The daemon's idle wait learned its own length, wake-up included (~145 µs
+    here, for a sleep): the bistable trap the client's wait fell into. Now it learns
+    from the newest stamp after it began (a client's give back, or a request's
+    push), and its own length only without one."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from rte.ipc.core import _came  # noqa: PLC0415
+    from rte.protocol.mailbox import Mailbox  # noqa: PLC0415
+    from shm import Segment  # noqa: PLC0415
+
+    segment = Segment.create(f"{shm_prefix}mb", Mailbox.size(4096, 4))
+    try:
+        mailbox = Mailbox.create(segment, 4096, 4)
+        client = SimpleNamespace(block=mailbox.block, inbox=mailbox.inbox)  # (a Connection's)
+        began = time.monotonic_ns()
+        time.sleep(0.005)
+        mailbox.block.credited()  # credits given back 5 ms into the wait
+        time.sleep(0.2)  # ... and the waiter woke 200 ms later
+        assert 4_000_000 <= _came(began, [client]) <= 100_000_000
+        began = time.monotonic_ns()
+        time.sleep(0.005)
+        mailbox.inbox.push_nowait(b"a request")  # a request, 5 ms in
+        time.sleep(0.2)
+        assert 4_000_000 <= _came(began, [client]) <= 100_000_000
+        began = time.monotonic_ns()  # nothing stamped after it: the wait's own length
+        time.sleep(0.05)
+        assert _came(began, [client]) >= 50_000_000
+    finally:
+        segment.close()
+        segment.unlink()

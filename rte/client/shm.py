@@ -124,7 +124,13 @@ class ShmTransport(Transport):
         self.judging = IN_PLACE  # pop and judge STEPs in C (else the Python reference)
         words = {"histogram": block.histogram.words, "counts": block.tally}
         self.reader = step_reader(
-            self.outbox, slot.slab, sessions, owner=slot.index, starved=block.starved, **words
+            self.outbox,
+            slot.slab,
+            sessions,
+            owner=slot.index,
+            starved=block.starved,
+            given=block.given,
+            **words,
         )
 
     @property
@@ -346,6 +352,7 @@ class ShmTransport(Transport):
             tokens, handles, was = self._tokens, seen.handles, seen.tokens
             live = [r for r in rows.tolist() if tokens[handles[r]] == was[r]]
             self._consumed.add_ones(seen.index, np.array(live, np.int64))
+        self._block.credited()  # (the C stamps it in its call)
         if self._block.feed():  # the daemon sleeps for want of our credits
             self.slot.bell.ring()
 

@@ -333,7 +333,8 @@ class DaemonCore:
             tally=self.tally,
         )
         if attached:
-            self.spin.observe(time.monotonic_ns() - began, woken)
+            waited = _came(began, connections) if woken else time.monotonic_ns() - began
+            self.spin.observe(waited, woken)
         for connection in connections:  # awake now: a release need not ring
             connection.block.feed()
 
@@ -374,6 +375,19 @@ class DaemonCore:
         if not self.loop.parking.parked:
             return self.table.can_step()
         return bool(self.loop.parking.runnable(self.table.due()))
+
+
+def _came(began: int, connections: list[Connection]) -> int:
+    """How long after ``began`` what ended an idle wait came: the newest credits a
+    client gave back (stamped in its credit block) or request it pushed (stamped
+    in its inbox ring), not when this thread woke. A wait that slept lasts a
+    wake-up longer (~145 us on a small VM); learning that as waiting once pushed
+    a client's spin past its cap and into sleeping on every record
+    (:func:`shm.waiting.wait_used` learns the same way). Without a stamp after
+    ``began`` (woken by a claim), the wait's own length."""
+    end = time.monotonic_ns()
+    came = max((max(c.block.given_ns(), c.inbox.last_push_ns()) for c in connections), default=0)
+    return (min(end, came) if came > began else end) - began
 
 
 def _engine(

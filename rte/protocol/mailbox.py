@@ -30,7 +30,7 @@ _LAST_POP, _LEAVING = 0, 8  # the client's words (bytes from page 1)
 _WORDS = 128  # then the credit block
 
 # credit block word indices
-_STARVED, _CLIENT_HISTOGRAM = 0, 8
+_STARVED, _GIVEN, _CLIENT_HISTOGRAM = 0, 1, 8
 _CONSUMED = _CLIENT_HISTOGRAM + latency.BUCKETS
 
 
@@ -44,6 +44,9 @@ class ClientBlock:
       sessions have no credit; the client that releases a chunk clears it
       and rings the daemon's doorbell (so it rings only when the daemon waits
       for it, once);
+    - ``given``: when the client last credited chunks (``time.monotonic_ns``),
+      written with every give back; a daemon that waited for those credits
+      learns when they came from it, not when it woke (see :meth:`given_ns`);
     - ``histogram``: pushed-to-taken delivery times (:mod:`rte.protocol.latency`).
     """
 
@@ -51,6 +54,7 @@ class ClientBlock:
         raw = segment.bytes_at(offset, 8 * (_CONSUMED + handles))
         words = raw.cast("Q")  # the client's per-chunk view: plain words, no NumPy call
         self.starved = segment.atomic(offset + 8 * _STARVED)
+        self.given = segment.atomic(offset + 8 * _GIVEN)
         self.histogram = latency.Histogram(words[_CLIENT_HISTOGRAM:_CONSUMED])
         self.tally = words[_CONSUMED:]  # the client adds to these
         self.consumed = np.frombuffer(raw, dtype=np.uint64)[_CONSUMED:]  # the daemon reads
@@ -67,9 +71,19 @@ class ClientBlock:
         """Clear ``starved`` (full barrier after the consumed counts); True when it was set."""
         return self.starved.cas(1, 0)
 
+    def credited(self) -> None:
+        """The client credited chunks now (the reference path's stamp; the C give
+        back writes it in the same call)."""
+        self.given.store(time.monotonic_ns())
+
+    def given_ns(self) -> int:
+        """When the client last credited chunks (0: never)."""
+        return int(self.given.load())
+
     def reset(self) -> None:
         """For a new client in this slot (the daemon's, before it is adopted)."""
         self.starved.store(0)
+        self.given.store(0)
 
 
 def _offsets(handles: int) -> tuple[int, int]:

@@ -168,6 +168,7 @@ def step_reader(
     owner: int = 0,
     counts: memoryview | None = None,
     starved: Word | None = None,
+    given: Word | None = None,
 ) -> RowsReader:
     """The C reader of a client's outbox (``shm_rows_pop``): each record
     popped is judged in the same call, a STEP whole, its handles below
@@ -175,7 +176,8 @@ def step_reader(
     :func:`judged_step` may read it unchecked; the same call adds its
     pushed-to-taken time to ``histogram`` (the client block's). Its
     :meth:`~shm.steps.RowsReader.give_back` releases a judged STEP's rows for
-    ``owner`` and credits them in ``counts`` (by handle), clearing ``starved``."""
+    ``owner`` and credits them in ``counts`` (by handle), stamping ``given``
+    with the time and clearing ``starved``."""
     return RowsReader(
         ring,
         slab,
@@ -188,6 +190,7 @@ def step_reader(
         owner=owner,
         counts=counts,
         starved=starved,
+        given=given,
     )
 
 

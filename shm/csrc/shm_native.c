@@ -962,8 +962,8 @@ int64_t shm_rows_pop(const shm_rows_t *r) {
    slot of each row (all of them when pick is NULL, else rows pick[0..npick),
    positions out of range skipped) released for r->owner, every other slot
    still released after a refusal. When every one was released and `credit`:
-   one to counts[handle] of each (a release add, as shm_add_ones), then the
-   starved word cleared. Returns the first refusal's code (nothing credited),
+   one to counts[handle] of each (a release add, as shm_add_ones), the clock
+   stamped in the given word, then the starved word cleared. Returns the first refusal's code (nothing credited),
    else 2 * released + 1 when the starved word was set (the caller rings the
    writer), 2 * released when not; SHM_BAD_ARGUMENT for a record that is not
    one of rows of this reader's head. */
@@ -1008,6 +1008,8 @@ int64_t shm_rows_give_back(const shm_rows_t *r, const uint8_t *rec, uint64_t len
             if (handle < r->ncounts) __atomic_fetch_add(&r->counts[handle], 1, __ATOMIC_RELEASE);
         }
     }
+    /* when the credits came: a writer that waited for them learns that, not its wake-up */
+    if (r->given != NULL) __atomic_store_n(r->given, now_ns(), __ATOMIC_RELEASE);
     if (r->starved != NULL) {
         uint64_t expected = 1;
         /* full barrier after the counts, as ClientBlock.feed's cas */

@@ -162,6 +162,7 @@ typedef struct {
     uint64_t *counts;    /* one added at counts[handle] per row given back, or NULL */
     uint64_t ncounts;
     uint64_t *starved;   /* the writer's "waits for credits" word (1 -> 0), or NULL */
+    uint64_t *given;     /* one word: when rows were last credited (monotonic ns), or NULL */
     uint64_t owner;      /* the slab owner whose slots are given back */
     const shm_ring_t *ring; /* the ring popped, the slab its slots lie in */
     const shm_slab_t *slab;
