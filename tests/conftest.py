@@ -119,14 +119,22 @@ EXTRAS = {"torch": "torch", "ray": "ray"}
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked with an extra's name is skipped without it, the skip naming it."""
+    extra = _extra_missing(item)
+    if extra is not None:
+        pytest.skip(f"needs the {extra} extra: pip install -e '.[{extra}]'")
+
+
+def _extra_missing(item: pytest.Item) -> str | None:
+    """The extra a test is marked with and this machine lacks (None: it runs)."""
     for extra, module in EXTRAS.items():
         if item.get_closest_marker(extra) and importlib.util.find_spec(module) is None:
-            pytest.skip(f"needs the {extra} extra: pip install -e '.[{extra}]'")
+            return extra
+    return None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The long checks of the collected tests start now, beside the rest (early_runs)."""
-    early_runs.start(session.items)
+    early_runs.start([item for item in session.items if not _extra_missing(item)])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

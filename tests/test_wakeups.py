@@ -198,7 +198,7 @@ def test_a_give_back_that_credits_stamps_when_in_the_credit_block(
         with daemon.client() as client:
             transport = client.transport
             transport.judging = path == "c"  # (False: the Python reference reads the STEPs)
-            block = transport._block  # type: ignore[attr-defined]
+            block = transport.slot.mailbox.block  # (its credit block, as the daemon maps it)
             assert block.given_ns() == 0  # never credited yet
             client.attach("s")
             batch = client.poll_batch(timeout=30)

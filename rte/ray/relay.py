@@ -161,10 +161,9 @@ class Relay:
 
     async def _lent(self, request: Request, deadline: float) -> Request:
         """``request`` lent (its large arrays copied into input slots, an export's
-        slot taken), waiting until ``deadline`` for slots the daemon still holds,
-        as the caller's own ``act`` would wait on this node (once tried at once
-        only: an act that came while the frames it replaces were still being
-        read was refused, and lost)."""
+        slot taken), waiting until ``deadline`` for slots the daemon still holds
+        (the frames an act replaces are read until a step later), as the caller's
+        own ``act`` waits on this node."""
         transport = self.transport
         while True:
             try:

@@ -963,10 +963,10 @@ int64_t shm_rows_pop(const shm_rows_t *r) {
    positions out of range skipped) released for r->owner, every other slot
    still released after a refusal. When every one was released and `credit`:
    one to counts[handle] of each (a release add, as shm_add_ones), the clock
-   stamped in the given word, then the starved word cleared. Returns the first refusal's code (nothing credited),
-   else 2 * released + 1 when the starved word was set (the caller rings the
-   writer), 2 * released when not; SHM_BAD_ARGUMENT for a record that is not
-   one of rows of this reader's head. */
+   stamped in the given word, then the starved word cleared. Returns the
+   first refusal's code (nothing credited), else 2 * released + 1 when the
+   starved word was set (the caller rings the writer), 2 * released when not;
+   SHM_BAD_ARGUMENT for a record that is not one of rows of this reader's head. */
 int64_t shm_rows_give_back(const shm_rows_t *r, const uint8_t *rec, uint64_t len,
                            const int64_t *pick, uint64_t npick, int credit) {
     const shm_slab_t *slab = r->slab;
