@@ -325,6 +325,30 @@ def take_until(client: RayClient, session: str, count: int) -> list[Any]:
     return frames
 
 
+def test_the_ray_benchmark_measures_rays_own_floor_on_another_node(
+    nodes: tuple[Any, float],
+) -> None:
+    """tools.bench_ray's floor (what a remote session pays before rte does anything):
+    an idle actor on another node, its calls timed and its stream's items all
+    taken, each stamped where it was yielded."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+
+    from tools import bench_ray  # noqa: PLC0415 (tools run from a checkout)
+
+    here = ray.get_runtime_context().get_node_id()
+    there = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here)
+    affinity = NodeAffinitySchedulingStrategy(there, soft=False)
+    actor = ray.remote(num_cpus=0)(bench_ray.Floor).options(scheduling_strategy=affinity).remote()
+    try:
+        floor = bench_ray.ray_floor(actor, calls=20, items=50)
+        assert set(floor) == set(bench_ray.FLOOR), floor
+        assert 0 < floor["call_p50_us"] <= floor["call_p99_us"], floor
+        assert 0 < floor["item_p50_us"] <= floor["item_p99_us"], floor
+        assert floor["stream_items_per_s"] > 0, floor
+    finally:
+        ray.kill(actor)
+
+
 def test_a_remote_sessions_chunks_are_pushed_a_message_per_step_and_released_in_bulk(
     cluster: tuple[Any, list[Any], Any, float],
 ) -> None:

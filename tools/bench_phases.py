@@ -16,21 +16,27 @@ that emits it returned it), ``pushed_ns`` (the daemon pushed its record) and
   ``batches`` how many batches each round took.
 * ``paced``: 60 Hz, ``--sessions`` sessions, every batch: emitted to pushed,
   pushed to taken, taken to held (``emitted_to_held`` is the README's
-  "emitted to held").
+  "emitted to held"). ``--pace-hz 60 500 2000`` adds a row per rate: the same
+  turn with a shorter gap between ticks, so the rows show how much of the
+  60 Hz figure is the gap itself (a path run once every 16.7 ms finds its
+  caches cold on a shared host) and how much the path.
 
 Figures are p50 in µs over the rounds (or batches) of a window, medians over
 ``--windows`` windows. A breakdown, not a race: run it beside
 ``python -m tools.bench_e2e`` (whose ratios are the targets).
 
-    python -m tools.bench_phases [--rounds 300] [--seconds 3] [--sessions 1] [--windows 3] [--json]
+    python -m tools.bench_phases [--rounds 300] [--seconds 3] [--sessions 1]
+                                 [--pace-hz 60 [HZ ...]] [--windows 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rte.models.null import tag_of
@@ -43,8 +49,8 @@ PACED = ["emitted_to_pushed", "pushed_to_taken", "taken_to_held", "emitted_to_he
 TABLES: list[report.TableSpec] = [
     ("An action's round trip, phase by phase (flat, 1 session, p50 µs)", "rows",
      {"mode": "flat act"}, ["mode", *FLAT]),
-    ("A paced chunk's delivery, phase by phase (60 Hz, p50 µs)", "rows",
-     {"mode": "paced"}, ["mode", "sessions", *PACED]),
+    ("A paced chunk's delivery, phase by phase (p50 µs)", "rows",
+     {"mode": "paced"}, ["mode", "sessions", "pace_hz", *PACED]),
 ]  # fmt: skip
 
 
@@ -87,9 +93,9 @@ def flat_act(rounds: int) -> dict[str, float]:
         daemon.close()
 
 
-def paced(sessions: int, seconds: float) -> dict[str, float]:
-    """One window of every batch of ``sessions`` sessions of a 60 Hz daemon."""
-    daemon = Daemon(sessions, pace_hz=60.0, prefix="phases")
+def paced(sessions: int, seconds: float, pace_hz: float = 60.0) -> dict[str, float]:
+    """One window of every batch of ``sessions`` sessions of a daemon paced at ``pace_hz``."""
+    daemon = Daemon(sessions, pace_hz=pace_hz, prefix="phases")
     client = daemon.connect()
     try:
         for i in range(sessions):
@@ -113,17 +119,26 @@ def paced(sessions: int, seconds: float) -> dict[str, float]:
         daemon.close()
 
 
-def run(rounds: int, seconds: float, sessions: int, n_windows: int) -> dict[str, Any]:
-    """Both rows, each the median of ``n_windows`` windows."""
+def run(
+    rounds: int,
+    seconds: float,
+    sessions: int,
+    n_windows: int,
+    pace_hz: Sequence[float] = (60.0,),
+) -> dict[str, Any]:
+    """The flat row and a paced row per rate, each the median of ``n_windows`` windows."""
     rows: list[dict[str, Any]] = []
-    for mode, measure in (
-        ("flat act", lambda: flat_act(rounds)),
-        ("paced", lambda: paced(sessions, seconds)),
-    ):
+    plan: list[tuple[str, float, Callable[[], dict[str, float]]]] = [
+        ("flat act", 0.0, lambda: flat_act(rounds))
+    ]
+    plan += [("paced", hz, functools.partial(paced, sessions, seconds, hz)) for hz in pace_hz]
+    for mode, hz, measure in plan:
         row = report.summarize(report.windows(measure, n_windows))
         total = row.get("act_to_held", row.get("emitted_to_held")) or 0.0
-        report.progress("phases", len(rows) + 1, 2, f"{mode}: {total:,.1f} µs p50 in all")
-        rows.append({"mode": mode, "sessions": 1 if mode == "flat act" else sessions, **row})
+        label = f"{mode} {hz:g} Hz" if hz else mode
+        report.progress("phases", len(rows) + 1, len(plan), f"{label}: {total:,.1f} µs p50 in all")
+        first = {"mode": mode, "sessions": sessions if hz else 1}
+        rows.append(first | ({"pace_hz": hz} if hz else {}) | row)
     return {"machine": report.machine(), "windows": n_windows, "rows": rows}
 
 
@@ -131,11 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=300, help="actions per flat window")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per paced window")
-    parser.add_argument("--sessions", type=int, default=1, help="sessions of the paced row")
+    parser.add_argument("--sessions", type=int, default=1, help="sessions of the paced rows")
+    parser.add_argument(
+        "--pace-hz", type=float, nargs="+", default=[60.0], help="a paced row per rate"
+    )
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(args.rounds, args.seconds, args.sessions, args.windows)
+    result = run(args.rounds, args.seconds, args.sessions, args.windows, args.pace_hz)
     report.emit(result, TABLES, args.json)
 
 

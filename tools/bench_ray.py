@@ -20,6 +20,13 @@ that is not counted either (its session attached, streaming and acting for
 over windows; the ratios are to ``direct`` measured in the same run: the
 issue's targets are ray-local >= 0.8x the chunks/s at <= 1.5x the p50,
 ray-remote p50 <= 2 ms on loopback and >= 0.3x the chunks/s.
+
+A second table is Ray's own floor in the same run, what any remote session pays
+before rte does anything (:func:`ray_floor`, an idle actor on the remote
+session's node): an actor call's round trip, and a streaming generator's items
+(each a timestamp, taken as the caller iterates: items/s and each item's
+latency from its yield). An action's round trip through a remote host is at
+least one call's way there and one item's way back.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import importlib
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tools import report
@@ -37,9 +44,47 @@ from tools.bench_e2e import flat_out, tag_round
 
 FORMS = ["direct", "ray-local", "ray-remote"]
 COLUMNS = ["client", "chunks_per_s", "x_direct", "p50_us", "p99_us", "x_direct_p50"]
+FLOOR = ["call_p50_us", "call_p99_us", "stream_items_per_s", "item_p50_us", "item_p99_us"]
 TABLES: list[report.TableSpec] = [
-    ("Ray at the speed of the node (null model, 1 session each, flat out)", "rows", {}, COLUMNS)
+    ("Ray at the speed of the node (null model, 1 session each, flat out)", "rows", {}, COLUMNS),
+    ("Ray's own floor: an idle actor on the remote node", "floor", {}, FLOOR),
 ]
+
+
+class Floor:
+    """An idle actor: a call that does nothing, and a stream of timestamps."""
+
+    def ping(self) -> int:
+        return 0
+
+    async def stamps(self, n: int) -> AsyncIterator[int]:
+        for _ in range(n):
+            yield time.monotonic_ns()
+
+
+def ray_floor(actor: Any, calls: int = 200, items: int = 500) -> dict[str, float]:
+    """One window of Ray's floor through ``actor`` (a :class:`Floor`)."""
+    ray = importlib.import_module("ray")
+    for _ in range(max(1, calls // 10)):  # (the first calls set up the connection)
+        ray.get(actor.ping.remote())
+    rtt: list[int] = []
+    for _ in range(calls):
+        began = time.monotonic_ns()
+        ray.get(actor.ping.remote())
+        rtt.append(time.monotonic_ns() - began)
+    latency: list[int] = []
+    start = time.monotonic()
+    for ref in actor.stamps.remote(items):
+        latency.append(time.monotonic_ns() - ray.get(ref))
+    rate = len(latency) / (time.monotonic() - start)
+    call, item = report.percentiles_us(rtt), report.percentiles_us(latency)
+    return {
+        "call_p50_us": call["p50_us"],
+        "call_p99_us": call["p99_us"],
+        "stream_items_per_s": rate,
+        "item_p50_us": item["p50_us"],
+        "item_p99_us": item["p99_us"],
+    }
 
 
 def _window(
@@ -92,6 +137,14 @@ def run(
         for label, index in (("ray-local", local), ("ray-remote", remote)):
             clients[label] = RayClient(router_class.remote([hosts[index]]), [hosts[index]])
         tags = itertools.count(1)
+        strategies = importlib.import_module("ray.util.scheduling_strategies")
+        affinity = strategies.NodeAffinitySchedulingStrategy
+        floor_actor = (
+            ray.remote(num_cpus=0)(Floor)
+            .options(scheduling_strategy=affinity(places[remote][1], soft=False))
+            .remote()
+        )
+        floors: list[dict[str, float]] = []
         try:
             for form in FORMS:  # the settling window: not counted
                 _window(clients[form], form, (rounds, seconds, warmup), tags)
@@ -100,11 +153,13 @@ def run(
                 for form in rotated(FORMS, w):
                     got = _window(clients[form], form, (rounds, seconds, warmup), tags)
                     per_form[form].append(got)
+                floors.append(ray_floor(floor_actor, 4 * rounds, 10 * rounds))
                 line = ", ".join(
                     f"{f} {per_form[f][-1]['chunks_per_s']:,.0f}/s p50 "
                     f"{per_form[f][-1]['p50_us']:,.0f} us"
                     for f in FORMS
                 )
+                line += f"; Ray's call {floors[-1]['call_p50_us']:,.0f} us"
                 progress.done += 1
                 report.progress(
                     "ray",
@@ -129,6 +184,7 @@ def run(
         "windows": n_windows,
         "warmup_s": warmup,
         "rows": rows,
+        "floor": [report.summarize(floors)],
     }
 
 
