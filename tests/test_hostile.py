@@ -212,6 +212,23 @@ def test_sigterm_while_the_model_loads_exits_0_and_leaves_nothing(
     assert leftovers(shm_prefix) == []
 
 
+def test_sigterm_while_a_long_load_runs_stops_the_daemon_without_waiting_for_it(
+    shm_prefix: str, tmp_path: Path
+) -> None:
+    """A model that takes minutes to load (weights from a slow disk) is no reason
+    to ignore a stop: the daemon exits at once, cleanly, and says why."""
+    marker = tmp_path / "loading"
+    env = {"RTE_TEST_LOADING": str(marker), "RTE_TEST_LOAD_S": "300"}
+    d = DaemonProcess(shm_prefix, "--model", "slow_model:slow_reference", env=env)
+    wait_for(marker.exists, timeout=30, what="the model to start loading")
+    began = time.monotonic()
+    assert d.stop(timeout=20) == 0, d.stderr  # (past 20 s it is killed: not 0)
+    assert time.monotonic() - began < 20
+    assert "stopped while the model was loading" in d.stderr
+    assert "Traceback" not in d.stderr
+    assert leftovers(shm_prefix) == []
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.15, 0.3, 0.5, 0.8])
 def test_a_signal_at_any_moment_of_start_up_leaves_nothing(shm_prefix: str, delay: float) -> None:
     d = DaemonProcess(shm_prefix)

@@ -7,6 +7,8 @@ This module owns the process's life, nothing else (it prints nothing):
   the handler only writes a byte to a pipe (:mod:`rte.ipc.signals`: a thread
   sets the flag and rings the doorbell), so a signal at any moment, or a burst
   of them, leaves nothing behind and exits cleanly;
+- **the model's load** runs on a thread of its own: a stop during a load of
+  minutes ends the daemon at once (nothing is created before the model is);
 - **the name**: a :class:`~shm.lock.NameLock` makes one process at a time
   the owner of NAME; a live owner is refused (:class:`DaemonRunningError`),
   a dead one's leftovers are removed;
@@ -85,8 +87,8 @@ def serve(
         stack.enter_context(StopSignals(stopping, lambda: _ring(bells), restore=restore_signals))
         stack.callback(stopping.set)  # whatever ends this block ends the loop too
         stack.enter_context(_own_name(names))
-        model = _load(settings)
-        if stopping.is_set():
+        model = _load_until_stopped(settings, stopping)
+        if model is None or stopping.is_set():
             return
         manifest = model.manifest()  # (times --engines: each engine has its rows)
         settings.check_memory(manifest.latent_nbytes)  # before anything is made
@@ -177,6 +179,35 @@ def _unpin(slab: Slab, core: DaemonCore) -> None:
         if not isinstance(core.failure, EngineFault):
             raise
         log.warning("%s", exc)
+
+
+def _load_until_stopped(settings: Settings, stopping: threading.Event) -> StageModel | None:
+    """The model, loaded on a thread of its own so that a stop (SIGTERM, SIGINT)
+    during a long load ends the daemon at once: None then (nothing was created
+    yet; the load is left to die with the process). What the load raises is
+    raised here."""
+    done: list[StageModel] = []
+    failed: list[BaseException] = []
+    finished = threading.Event()
+
+    def load() -> None:
+        try:
+            done.append(_load(settings))
+        except BaseException as exc:  # handed to the main thread, raised there
+            failed.append(exc)
+        finally:
+            finished.set()
+
+    threading.Thread(target=load, name="rte-load", daemon=True).start()
+    while not finished.wait(0.05):  # (ready the moment it is loaded; a stop within 50 ms)
+        if stopping.is_set():
+            break
+    if not finished.is_set():
+        log.info("stopped while the model was loading (%s): nothing was created", settings.model)
+        return None
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def _load(settings: Settings) -> StageModel:
