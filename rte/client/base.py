@@ -91,8 +91,11 @@ class EngineClient:
 
         ``credits``: how many of its chunks may be emitted and not yet released
         before the session waits for this client (1 to 255; 0: the engine's
-        default). Fewer credits, less latency from an action to the chunk that
-        shows it; more, more slack for a consumer that releases late.
+        default). For a consumer slower than the engine, fewer credits, less
+        latency from an action to the chunk that shows it (fewer chunks queue
+        ahead of it); more, more slack for a consumer that releases late. One
+        credit makes every step wait for the release of the chunk before, so a
+        consumer that releases at once is served best by the default.
         ``priority``: its class under overload, 0 (highest) to 3 (default 1): the
         lowest class present is stepped at a reduced rate first.
         ``wait``: seconds to keep asking while the engine is at capacity (the
