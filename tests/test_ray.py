@@ -331,15 +331,13 @@ def test_the_ray_benchmark_measures_rays_own_floor_on_another_node(
     """tools.bench_ray's floor (what a remote session pays before rte does anything):
     an idle actor on another node, its calls timed and its stream's items all
     taken, each stamped where it was yielded."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
-
     from tools import bench_ray  # noqa: PLC0415 (tools run from a checkout)
 
     here = ray.get_runtime_context().get_node_id()
     there = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here)
-    affinity = NodeAffinitySchedulingStrategy(there, soft=False)
-    actor = ray.remote(num_cpus=0)(bench_ray.Floor).options(scheduling_strategy=affinity).remote()
+    actor = bench_ray.floor_actor(there)
     try:
+        assert ray.get(actor.node.remote(), timeout=60) == there  # the other node, not this one
         floor = bench_ray.ray_floor(actor, calls=20, items=50)
         assert set(floor) == set(bench_ray.FLOOR), floor
         assert 0 < floor["call_p50_us"] <= floor["call_p99_us"], floor

@@ -57,9 +57,21 @@ class Floor:
     def ping(self) -> int:
         return 0
 
+    def node(self) -> str:
+        """The node it runs on."""
+        return str(importlib.import_module("ray").get_runtime_context().get_node_id())
+
     async def stamps(self, n: int) -> AsyncIterator[int]:
         for _ in range(n):
             yield time.monotonic_ns()
+
+
+def floor_actor(node: str) -> Any:
+    """A :class:`Floor` actor on the node whose id is ``node`` (and nowhere else)."""
+    ray = importlib.import_module("ray")
+    strategies = importlib.import_module("ray.util.scheduling_strategies")
+    where = strategies.NodeAffinitySchedulingStrategy(node, soft=False)
+    return ray.remote(num_cpus=0)(Floor).options(scheduling_strategy=where).remote()
 
 
 def ray_floor(actor: Any, calls: int = 200, items: int = 500) -> dict[str, float]:
@@ -137,13 +149,7 @@ def run(
         for label, index in (("ray-local", local), ("ray-remote", remote)):
             clients[label] = RayClient(router_class.remote([hosts[index]]), [hosts[index]])
         tags = itertools.count(1)
-        strategies = importlib.import_module("ray.util.scheduling_strategies")
-        affinity = strategies.NodeAffinitySchedulingStrategy
-        floor_actor = (
-            ray.remote(num_cpus=0)(Floor)
-            .options(scheduling_strategy=affinity(places[remote][1], soft=False))
-            .remote()
-        )
+        idle = floor_actor(places[remote][1])  # (Ray's floor, beside the forms)
         floors: list[dict[str, float]] = []
         try:
             for form in FORMS:  # the settling window: not counted
@@ -153,7 +159,7 @@ def run(
                 for form in rotated(FORMS, w):
                     got = _window(clients[form], form, (rounds, seconds, warmup), tags)
                     per_form[form].append(got)
-                floors.append(ray_floor(floor_actor, 4 * rounds, 10 * rounds))
+                floors.append(ray_floor(idle, 4 * rounds, 10 * rounds))
                 line = ", ".join(
                     f"{f} {per_form[f][-1]['chunks_per_s']:,.0f}/s p50 "
                     f"{per_form[f][-1]['p50_us']:,.0f} us"
