@@ -139,7 +139,9 @@ class _Event:
 
 def test_a_host_wait_spins_briefly_then_blocks_on_the_event() -> None:
     soon = _Event(done_after=3)
-    wait_for(soon)
+    # a spin long enough that a preempted test thread still sees the event done in it
+    # (the default's tens of microseconds ran out before the 4th query in a CI run)
+    wait_for(soon, 10.0)
     assert not soon.synchronized  # done while spinning: no driver wait
     late = _Event(done_after=None)  # done only for a blocking wait
     waiter = threading.Thread(target=wait_for, args=(late, 1e-4), daemon=True)

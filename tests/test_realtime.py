@@ -247,17 +247,27 @@ def test_attach_with_wait_gets_the_place_a_leaving_session_frees(
 ) -> None:
     import threading  # noqa: PLC0415
 
-    daemon = rowcost.start()
+    # 4.2 ms a row puts the knee between two counts (45 / 4.2 = 10.7 rows), not on
+    # one (45 / 4 = 11.25: 11 rows fit by 1 ms, and a loaded box's naps wake late
+    # enough to make it 10 while the test waits); and two sessions leave, so that
+    # an estimate that still drifts by one leaves the waiter its place
+    daemon = rowcost.start(row_ms=4.2)
     with daemon.client() as other, daemon.client() as client:
-        other.attach("x")  # its place, freed later from this other client
+        other.attach("x")  # their places, freed later from this other client
+        other.attach("y")
         _, refusal = _attach_until_refused(client, 24)
         assert refusal is not None
         with pytest.raises(AdmissionError, match="real-time capacity"):
             client.attach("late")  # no wait: refused at once
-        leaving = threading.Timer(0.5, other.detach, args=("x",))  # (its own client)
+
+        def leave() -> None:  # (on their own client)
+            other.detach("x")
+            other.detach("y")
+
+        leaving = threading.Timer(0.5, leave)
         leaving.start()
         try:
-            client.attach("late", wait=10.0)  # waits for the room x leaves
+            client.attach("late", wait=10.0)  # waits for the room x and y leave
         finally:
             leaving.join(15)
-        assert "late" in client.sessions and "x" not in other.sessions
+        assert "late" in client.sessions and not other.sessions

@@ -20,8 +20,14 @@ pytestmark = pytest.mark.torch  # the trainer is torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("--steps", "3", "--batch", "2")  # a few seconds of training
-# What TINY gives on every x86-64 CPU with torch 2.13.0 (the kernels are pinned)
-TINY_SHA256 = "e3ead9d3e085558846c9cca4b8659d77cb310fb8c94cada8b9706a49d70949ff"
+# What TINY gives with torch 2.13.0 (the kernels pinned), by the CPUs it was seen on:
+# the pins make AVX2 and AVX-512 code agree, yet a Xeon with AMX and AVX512-FP16
+# computes other bytes, whatever oneMKL, oneDNN, glibc and NumPy are told to dispatch
+# (not found why: docs/world-model.md says so). A CPU that makes a third is news.
+TINY_SHA256 = {
+    "e3ead9d3e085558846c9cca4b8659d77cb310fb8c94cada8b9706a49d70949ff": "the pinning CPU",
+    "f412437055c942591324294a14a376267215622b4a5943ade4706a667c05d48f": "Xeon with AMX",
+}
 
 
 def train(
@@ -84,7 +90,7 @@ def test_the_same_bytes_whatever_the_kernels_and_threads(tmp_path: Path) -> None
     train(tmp_path, *TINY, "--out", "other.npz", env=other)
     assert (tmp_path / "plain.npz").read_bytes() == (tmp_path / "other.npz").read_bytes()
     assert "ATEN_CPU_CAPABILITY=default" in plain
-    assert sha256(tmp_path / "plain.npz") == TINY_SHA256
+    assert sha256(tmp_path / "plain.npz") in TINY_SHA256, plain
 
 
 def test_replacing_the_shipped_file_pins_its_sha256_with_it(tmp_path: Path) -> None:
@@ -94,7 +100,7 @@ def test_replacing_the_shipped_file_pins_its_sha256_with_it(tmp_path: Path) -> N
     copy = tmp_path / "rte" / "models"
     out = train(tmp_path, *TINY, "--replace-shipped", root=tmp_path)
     digest = sha256(copy / "world_weights.npz")
-    assert digest == TINY_SHA256 != WEIGHTS_SHA256
+    assert digest in TINY_SHA256 and digest != WEIGHTS_SHA256
     assert f'WEIGHTS_SHA256 = "{digest}"' in (copy / "learned.py").read_text()
     assert f"pinned it in {copy / 'learned.py'}" in out and "commit both" in out
     assert sha256(WEIGHTS) == WEIGHTS_SHA256  # the real checkout's: untouched

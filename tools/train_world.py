@@ -11,15 +11,18 @@ never holds weights its own check refuses. Load other weights by path:
 ``LearnedWorldModel(weights=PATH)``, or ``rte serve --model world
 --model-setting weights=PATH``.
 
-Bit-reproducible on any x86-64 CPU: seeded, float32, deterministic algorithms,
-one thread, and the CPU kernels pinned to code paths that every x86-64 CPU
-computes alike: oneMKL's ``COMPATIBLE`` branch (``MKL_CBWR``: its default picks
-AVX2 or AVX-512 code by CPU, Intel or AMD, with other roundings) and ATen's
-``default`` capability (``ATEN_CPU_CAPABILITY``: AVX2 and AVX-512 agree, the
-baseline kernels do not). Both are read once, when torch loads, so the command
-runs itself again with them set when they are not. What the bytes still depend
-on: torch's version (the ``torch`` extra pins it) and NumPy's random generator
-and arithmetic (the shipped file: numpy 2.4.6). 10 to 20 minutes on one core.
+Bit-reproducible: seeded, float32, deterministic algorithms, one thread, and
+the CPU kernels pinned to code paths that x86-64 CPUs compute alike: oneMKL's
+``COMPATIBLE`` branch (``MKL_CBWR``: its default picks AVX2 or AVX-512 code by
+CPU, Intel or AMD, with other roundings) and ATen's ``default`` capability
+(``ATEN_CPU_CAPABILITY``: AVX2 and AVX-512 agree, the baseline kernels do
+not). Both are read once, when torch loads, so the command runs itself again
+with them set when they are not. What the bytes still depend on: torch's
+version (the ``torch`` extra pins it), NumPy's random generator and arithmetic
+(the shipped file: numpy 2.4.6), and one CPU we met: an Intel Xeon with AMX and
+AVX512-FP16 makes other bytes even so (oneMKL's branch, oneDNN's ISA, glibc's
+and NumPy's dispatch each pinned lower changed nothing; the cause is not
+found). 10 to 20 minutes on one core.
 
 Each step draws a batch of views of :mod:`rte.models.worldgen`
 (a random look from a random prompt, a random camera, a random move since the
