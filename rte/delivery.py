@@ -23,7 +23,8 @@ from rte.receipts import Receipts
 # what a loop's calls return: chunks (each a StepResult, or a host's own form of
 # an engine call's chunks: see ``emit``) and notices
 OutboxItem = StepResult | Notice | object
-Emit = Callable[[list[StepResult]], list[Any]]  # a fresh list, the loop appends to it
+# a fresh list (the loop appends to it) and the number of chunks it holds
+Emit = Callable[[list[StepResult]], tuple[list[Any], int]]
 LetGo = Callable[[str, str, list[OutboxItem]], object]  # session, reason, out
 
 
@@ -33,7 +34,8 @@ class Delivery:
     Args:
         receipts: the loop's receipts, which stamp each result.
         stamp: whether results carry ``applied``.
-        emit: what stands for an engine call's chunks (default: the CHUNK results).
+        emit: what stands for an engine call's chunks (default: the CHUNK results),
+            and how many chunks that holds.
         let_go: detaches a session whose own failure the engine reported (FAILED),
             appending its notices to the list it is given.
     """
@@ -49,9 +51,12 @@ class Delivery:
         if self.stamp:
             results = self.receipts.stamp(results)
         chunk = ResultKind.CHUNK
-        chunks: list[OutboxItem] = [r for r in results if r.kind is chunk]
-        out = chunks if self.emit is None else self.emit(results)
-        if len(chunks) < len(results):  # some carry no chunk: their errors become notices
+        if self.emit is None:
+            out: list[OutboxItem] = [r for r in results if r.kind is chunk]
+            emitted = len(out)
+        else:  # (which says how many chunks it holds: no look at each result)
+            out, emitted = self.emit(results)
+        if emitted < len(results):  # some carry no chunk: their errors become notices
             for r in results:
                 if r.kind is ResultKind.ERROR:
                     out.append(Notice(r.session, NoticeKind.ERROR, r.error or ""))

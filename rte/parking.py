@@ -198,18 +198,17 @@ class Parking:
         resumed (RESUMED into ``out``; one with no row free yet stays parked, not
         due), each noted as due now."""
         due = self.runnable(due)
-        for session in [s for s in due if s in self.parked]:  # idle-parked, due again
-            if not self.bring_back(session, 0, out, quiet=True):
-                due.remove(session)  # no row yet: it stays parked
+        if self.parked:
+            for session in [s for s in due if s in self.parked]:  # idle-parked, due again
+                if not self.bring_back(session, 0, out, quiet=True):
+                    due.remove(session)  # no row yet: it stays parked
         self.seen_due(due, time.monotonic())
         return due
 
     def seen_due(self, due: list[str], now: float) -> None:
         """Note that ``due`` were due now (not idle)."""
         if self.idle_s:
-            last = self._last_due
-            for session in due:
-                last[session] = now
+            self._last_due.update(dict.fromkeys(due, now))
 
     def idle(self, sessions: list[str], now: float) -> list[str]:
         """The sessions in rows not due for ``idle_s`` (none when parking by

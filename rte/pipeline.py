@@ -173,7 +173,7 @@ class Pipeline:
         ages = arena.age[plan.hot_at]
         chunks: list[int] = ages.tolist()
         hot = Batch(plan.hot_index, plan.hot_sessions, chunks, plan.conditioning)
-        hot.generated_ns = started
+        hot.generated_ns, hot.chunk_words = started, ages  # (ages: a copy, never changed)
         if self._published_ns:  # t_host: since the host saw the last DEFERRED complete
             spent = time.perf_counter_ns() - self._published_ns
             self._published_ns = 0

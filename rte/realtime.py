@@ -10,9 +10,11 @@ the same way:
   ``t(n) = a + b*n``, fitted by exponentially weighted least squares: five
   running sums, O(1) per turn, no list of samples. A sample far above the
   prediction (a first step that compiles, a page fault storm) is clipped to
-  :data:`CLIP` times the prediction before it counts, so one outlier moves the
-  fit by little. While the rows stepped barely vary (a steady cohort, or one
-  whose count moves by less than a fifth of itself) the slope cannot be told
+  :data:`CLIP` times the prediction (of the fit as it was at most
+  :data:`CLIP_EVERY` turns ago: a refit costs more than the rest of the turn's
+  bookkeeping) before it counts, so one outlier moves the fit by little. While
+  the rows stepped barely vary (a steady cohort, or one whose count moves by
+  less than a fifth of itself) the slope cannot be told
   from the intercept, so the fit goes through the origin, ``t(n) = (T/N)*n``:
   that over-estimates the cost of more rows, the safe side, and comes to the
   truth as the cohort nears the capacity.
@@ -43,6 +45,7 @@ MIN_SAMPLES = 8  # turns seen before the model claims to know anything
 RECENT = 0.8  # the recent turn's weight decays by this per turn (the last few turns)
 RECENT_FOR_S = 0.5  # ... and says nothing once no turn has stepped a row for this long
 CLIP = 3.0  # a sample is counted as at most this many times its prediction
+CLIP_EVERY = 8  # ... the prediction of a fit this many turns old at most (not refitted each turn)
 MIN_SPREAD_ROWS = 1.0  # below this weighted spread of n, fit through the origin
 MIN_RELATIVE_SPREAD = 0.2  # ... or below this share of the mean n (its standard deviation)
 SPIN_S = 0.0005  # a paced host spins at least this long before each tick
@@ -54,22 +57,38 @@ DEFAULT_MARGIN = 0.1
 class StepCost:
     """The online fit ``t(n) = a + b*n`` of a turn's seconds by its rows."""
 
-    __slots__ = ("_n", "_nn", "_nt", "_recent_at", "_t", "_tt", "_w", "recent_s", "samples")
+    __slots__ = (
+        "_clip",
+        "_n",
+        "_nn",
+        "_nt",
+        "_recent_at",
+        "_t",
+        "_tt",
+        "_w",
+        "recent_s",
+        "samples",
+    )
 
     def __init__(self) -> None:
         self._w = self._n = self._nn = self._t = self._nt = self._tt = 0.0
         self.samples = 0
         self.recent_s = 0.0  # the last few turns' seconds, as they were (not clipped)
         self._recent_at = 0.0  # when the last of them was counted
+        self._clip = (0.0, 0.0)  # (a, b) the clip predicts by, refitted every CLIP_EVERY
 
-    def add(self, rows: int, seconds: float) -> None:
-        """Count one turn that stepped ``rows`` rows in ``seconds``."""
+    def add(self, rows: int, seconds: float, now: float | None = None) -> None:
+        """Count one turn that stepped ``rows`` rows in ``seconds`` (ending at ``now``,
+        ``time.monotonic()``, when the caller has it)."""
         if rows <= 0 or not seconds >= 0:
             return
         self.recent_s = RECENT * self.recent_s + (1.0 - RECENT) * seconds
-        self._recent_at = time.monotonic()
+        self._recent_at = time.monotonic() if now is None else now
         if self.samples >= MIN_SAMPLES:
-            seconds = min(seconds, CLIP * self.predict(rows))
+            if not self.samples % CLIP_EVERY or self.samples == MIN_SAMPLES:
+                self._clip = self.coefficients()
+            a, b = self._clip
+            seconds = min(seconds, CLIP * (a + b * rows))
         f = FORGET
         self._w = self._w * f + 1.0
         self._n = self._n * f + rows

@@ -142,7 +142,8 @@ class ServeLoop:
         stamp: whether results carry ``applied`` (the daemon reads :attr:`receipts`).
         emit: what stands for an engine call's chunks in what the loop returns, made
             from that call's results (default: the CHUNK results; the daemon's: the
-            slab leases that hold them, a chunk's one object to its STEP record).
+            slab leases that hold them, a chunk's one object to its STEP record),
+            with how many chunks they hold.
         park_bytes: the most bytes of parked sessions' states held (0: none parked).
         park_idle_s: park a session not due for this long (0: never by idleness).
     """

@@ -55,6 +55,10 @@ class Batch:
     # sessions, one run per client): (positions in the batch, the run or None)
     out_spans: list[tuple[list[int], np.ndarray[Any, Any] | None]] | None = None
     generated_ns: int = 0
+    # ``chunks`` as int64 words, when the engine made them so (a HOT batch: its rows'
+    # ages), for a writer that reads the column in place (rte.ipc.outbound); None
+    # otherwise (a subset): read ``chunks``
+    chunk_words: np.ndarray[Any, Any] | None = None
     ready: object = None  # a lane marker set after HOT; DEFERRED waits for it
     source: tuple[Batch, list[int]] | None = None  # a subset's whole batch and positions
 

@@ -20,6 +20,8 @@ from rte.contract import Notice
 from rte.overload import Governor
 from rte.realtime import Pacer, RealTime
 
+UNPACED_EVERY = 4  # an unpaced host fits its cost from every this-th turn that stepped
+
 
 class Turns:
     """The turn clock, cost model, pacer and governor of one serving loop.
@@ -39,6 +41,11 @@ class Turns:
         self._due_rows = 0  # rows due in this turn before the governor's filter
         self._began = time.monotonic()
         self._news: list[Notice] = []  # the governor's notices, out with the next step
+        # paced, every turn counts (admission and the governor rest on the fit); unpaced
+        # the fit is only published, and a flat-out turn is short enough that the fit's
+        # arithmetic is a few percent of it: a sample of the turns tells the same
+        self._every = 1 if pace_hz else UNPACED_EVERY
+        self._count = 0  # turns that stepped, for the sample
 
     def begin(self) -> None:
         """A turn begins (a paced one's tick: the pacer notes its lateness)."""
@@ -51,9 +58,12 @@ class Turns:
 
     def end(self) -> None:
         """The turn is over: its cost feeds the model and, paced, the governor."""
-        seconds = self.seconds = time.monotonic() - self._began
+        now = time.monotonic()
+        seconds = self.seconds = now - self._began
         if self.stepped:
-            self.realtime.cost.add(self.stepped, seconds)
+            self._count += 1
+            if self._count % self._every == 0:
+                self.realtime.cost.add(self.stepped, seconds, now)
         if self.pacer is not None and self._due_rows:
             self._news += self.governor.observe(seconds, self.stepped)
 

@@ -59,15 +59,16 @@ def _rows(
     shape: tuple[int, ...],
     readonly: bool,
     split: bool = True,
+    run: bool = False,
 ) -> tuple[bool, np.ndarray[Any, Any] | None, list[np.ndarray[Any, Any]]]:
     """(one run, the block or None, one array per row) for ``slots``: the one
-    place a batch asks :func:`one_run`; with ``split`` False, a block's rows are
+    place a batch asks :func:`one_run` (unless ``run`` says the slots were taken
+    as one, which the C's acquire does); with ``split`` False, a block's rows are
     left to be made on demand ([])."""
+    if run or one_run(slots):  # every slot looked at, not the endpoints alone
+        block, rows = slab.run(dtype, shape, readonly, int(slots[0]), len(slots), split)
+        return True, block, list(rows)
     every = slab.typed(dtype, shape, readonly)
-    if one_run(slots):  # every slot looked at, not the endpoints alone
-        first = int(slots[0])
-        block: np.ndarray[Any, Any] = every[first : first + len(slots)]
-        return True, block, list(block) if split else []
     views = [every[s] for s in slots.tolist()]
     return False, None, views
 
@@ -124,11 +125,15 @@ class BatchLoan(_Slots):
         generations: Words,
         dtype: np.dtype[Any],
         shape: tuple[int, ...],
+        run: bool = False,
     ) -> None:
+        """``run``: the slots were taken as one run (``slots[i] == slots[0] + i``)."""
         super().__init__(slab, owner, slots, generations)
         self._finished = False
         try:
-            self._contiguous, self.block, self.rows = _rows(slab, slots, dtype, shape, False)
+            self._contiguous, self.block, self.rows = _rows(
+                slab, slots, dtype, shape, False, run=run
+            )
         except BaseException:
             lib.shm_slab_abort_batch(slab.meta, _u64(slots), _u64(generations), len(slots))
             raise
@@ -191,10 +196,10 @@ def loan_batch(
     )
     if rc < 0:
         check_rc(rc, f"{slab.loan_where(owner)}; asked for {n} at once")
-    # rc 1 says the C took a run on purpose; whether the slots are one run is still
-    # one_run's to say (BatchLoan asks it once): slots a racing release freed can
-    # form a run the C took one by one
-    return BatchLoan(slab, owner, slots, generations, dtype, shape)
+    # rc 1 says the C took a run on purpose: one run, nothing to look at; otherwise
+    # whether the slots are one run is still one_run's to say (BatchLoan asks it
+    # once): slots a racing release freed can form a run the C took one by one
+    return BatchLoan(slab, owner, slots, generations, dtype, shape, run=rc == 1)
 
 
 class BatchSample(_Slots):

@@ -32,6 +32,7 @@ from shm.slots import SlabStatistics, SlotInfo, SlotRef
 from shm.views import checked_layout
 
 _RANGE = int(lib.SHM_SLAB_RANGE)
+MAX_RUNS = 256  # runs whose views a slab keeps (then it forgets them all and starts over)
 
 
 class SlabCore:
@@ -62,6 +63,7 @@ class SlabCore:
             raise SegmentError(f"{segment.name}: slab at {offset} runs past the segment")
         self._layouts: dict[tuple[Any, tuple[int, ...]], tuple[np.dtype[Any], int]] = {}
         self._typed: dict[tuple[Any, ...], np.ndarray[Any, Any]] = segment.view_cache()
+        self._runs: dict[tuple[Any, ...], list[Any]] = segment.view_cache()
 
     @property
     def meta(self) -> Any:
@@ -114,6 +116,31 @@ class SlabCore:
                 self.data_offset, self.slots, self.slot_size, dtype, shape, readonly=readonly
             )
         return view
+
+    def run(
+        self,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        readonly: bool,
+        first: int,
+        n: int,
+        split: bool,
+    ) -> tuple[np.ndarray[Any, Any], tuple[np.ndarray[Any, Any], ...]]:
+        """Slots ``first .. first + n - 1`` as one ``(n, *shape)`` array and (given
+        ``split``) as its rows, made once per run and layout and then reused: a
+        writer takes the same few runs step after step, and 64 fresh row views cost
+        more than the rest of its loan (a view is the slot's memory whoever holds
+        it; a model writes into it, it never changes it)."""
+        key = (dtype, shape, readonly, first, n)
+        made = self._runs.get(key)
+        if made is None:
+            if len(self._runs) >= MAX_RUNS:  # (batch sizes that keep changing)
+                self._runs.clear()
+            block = self.typed(dtype, shape, readonly)[first : first + n]
+            made = self._runs[key] = [block, ()]
+        if split and not made[1]:
+            made[1] = tuple(made[0])
+        return made[0], made[1]
 
     def slot_address(self, slot: int) -> int:
         """The address of slot ``slot``'s bytes in this process."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from shm.native import lib
+from shm.native import ffi, lib
 
 
 def one_run(slots: Sequence[int] | Any) -> bool:
@@ -33,8 +33,18 @@ def one_run(slots: Sequence[int] | Any) -> bool:
         return False
     if n <= 2:
         return True
+    if _words(slots):  # a batch's own words: every slot looked at in C
+        return bool(lib.shm_one_run(ffi.from_buffer("uint64_t[]", slots), n))
     values = slots.tolist() if hasattr(slots, "tolist") else list(slots)
     return bool(values == list(range(first, first + n)))
+
+
+def _words(slots: Any) -> bool:
+    """Whether ``slots`` is one contiguous buffer of uint64 words (the C reads it)."""
+    if isinstance(slots, memoryview):
+        return slots.format == "Q" and slots.c_contiguous
+    flags = getattr(slots, "flags", None)
+    return flags is not None and slots.dtype == "uint64" and bool(flags.c_contiguous)
 
 
 class SlotState(enum.IntEnum):

@@ -63,7 +63,7 @@ _OWN = "the ring's own segment"  # where a reader's words must lie
 def _row_columns(
     slots: Any,
     generations: Any,
-    chunks: Sequence[int],
+    chunks: Sequence[int] | np.ndarray[Any, Any],
     generated_ns: int | Sequence[int],
     handles: Sequence[int],
     applied: Sequence[int] | None,
@@ -112,7 +112,7 @@ def push_rows(
     stamp_at: int,
     slots: Any,
     generations: Any,
-    chunks: Sequence[int],
+    chunks: Sequence[int] | np.ndarray[Any, Any],
     generated_ns: int | Sequence[int],
     handles: Sequence[int],
     applied: Sequence[int] | None = None,
@@ -170,6 +170,8 @@ class RowsWriter:
     :func:`log_bucket`), both words of ``words_segment`` (checked mapped before
     each call, as the ring's and the slab's are); the ``counts`` given to
     :meth:`send` (``int64``, one per handle) get one per row pushed.
+    ``figures`` (a ``shm_figures_t *``, or None): each handle's figures, counted
+    for every row pushed at its record's emission time (``shm_figures_count``).
     """
 
     __slots__ = ("_c", "_counts", "_keep", "_pushed", "_segments", "ring")
@@ -183,6 +185,7 @@ class RowsWriter:
         histogram: memoryview | None = None,
         total: memoryview | None = None,
         words_segment: Segment | None = None,
+        figures: Any = None,
     ) -> None:
         self.ring = ring
         words = words_segment or ring.segment
@@ -195,14 +198,16 @@ class RowsWriter:
             c.total = _words_in(words, total)
         self._counts: Any = None
         self._pushed = ffi.new("int64_t *")  # the C's out-parameter, reused
-        self._keep = (histogram, total)  # (their mappings outlive the pointers)
+        if figures is not None:  # (its owner keeps the memory it points at)
+            c.figures = figures
+        self._keep = (histogram, total, figures)  # (their mappings outlive the pointers)
 
     def send(
         self,
         head: bytes,
         slots: Any,
         generations: Any,
-        chunks: Sequence[int],
+        chunks: Sequence[int] | np.ndarray[Any, Any],
         generated_ns: int | Sequence[int],
         handles: Sequence[int],
         applied: Sequence[int] | None,

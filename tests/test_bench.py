@@ -159,11 +159,11 @@ def test_readme_tables_come_from_one_run(
     path.write_text(json.dumps(run))
     readme_tables.main([str(path)])
     out = capsys.readouterr().out
-    names = ["engine", "e2e flat", "e2e paced", "transport round trip", "transport latent handoff"]
-    for name in names:
+    names = ["engine", "e2e flat", "e2e per chunk", "e2e paced", "transport round trip"]
+    for name in [*names, "transport latent handoff"]:
         assert f"<!-- {name} -->" in out
     tables = out.split("<!-- ")[2:]
-    assert [t.count("\n| 2 |") for t in tables[1:3]] == [1, 1]  # a row per e2e size and mode
+    assert [t.count("\n| 2 |") for t in tables[1:4]] == [1, 1, 1]  # a row per e2e size and mode
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(run)))
     readme_tables.main([])
     assert capsys.readouterr().out == out

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from rte import ComposedEngine
-from rte.contract import ResultKind, StepResult, Timing
+from rte.contract import Notice, NoticeKind, ResultKind, StepResult, Timing
 from rte.ipc.allocator import Lease, SlabAllocator
 from rte.models import ReferenceModel
 from rte.protocol.requests import Attach
 from rte.replica import ReplicaEngine
 from rte.serve import ServeLoop
+from rte.stages import Batch
 from shm import Segment, Slab, shm_name
 from shm.segment import HEADER_SIZE
 
@@ -60,7 +61,7 @@ def _loop(
     allocator = SlabAllocator(slab, model.manifest(), lambda s: owners[int(s[1:]) % 2])
     calls: list[list[StepResult]] = []
 
-    def emit(results: list[StepResult]) -> list[Lease]:
+    def emit(results: list[StepResult]) -> tuple[list[Lease], int]:
         calls.append(results)
         return allocator.emitted(results)
 
@@ -106,6 +107,27 @@ def test_a_step_returns_each_clients_chunks_as_one_lease_that_names_its_rows(
         reference.close()
 
 
+def test_a_lease_of_a_whole_batch_carries_its_chunks_as_the_words_the_writer_reads(
+    slab: Slab,
+) -> None:
+    """One client's whole batch: its chunk indices also as int64 words (the HOT
+    batch's ages, read in place by the STEP record's writer), equal to its list."""
+    names = ["s0", "s2", "s4"]  # all client 0's
+    loop, _, _ = _loop(slab, lambda a: ComposedEngine(ReferenceModel(4), allocator=a), names)
+    try:
+        seen = 0
+        for _ in range(4):
+            for lease in _leases(loop.step(names)):
+                words = lease.chunk_words
+                assert words is not None and words.dtype == np.int64, words
+                assert words.tolist() == lease.chunks and len(lease.chunks) == 3
+                seen += 1
+                lease.loan.abort()
+        assert seen == 3  # (the first step only generates)
+    finally:
+        loop.engine.close()
+
+
 def test_each_lease_carries_the_emission_time_of_its_own_engine(slab: Slab) -> None:
     # two engines of one row each: s0 (client 0) on the first, s1 (client 1) on the
     # second, which steps after the first returned: its chunk is emitted later, and
@@ -142,3 +164,55 @@ def test_a_lease_that_matches_no_result_is_an_internal_error(slab: Slab) -> None
     finally:
         for lease in leases:
             lease.loan.abort()
+
+
+def test_a_refused_action_among_chunks_still_becomes_its_error_notice(slab: Slab) -> None:
+    # the loop's emit says how many chunks its leases hold; fewer than the results
+    # means some carry none: the refused action's ERROR must still be told
+    names = ["s0", "s1", "s2", "s3"]
+    loop, allocator, calls = _loop(
+        slab, lambda a: ComposedEngine(ReferenceModel(4), allocator=a), names
+    )
+    try:
+        for lease in _leases(loop.step(names)):
+            lease.loan.abort()
+        # an action the loop could not check ahead (a parked session's is checked at
+        # its step) reaches the engine, which refuses it there
+        loop.pending.put("s1", {"prompt": 42}, 7)
+        outcome = loop.step(names)
+        leases = [item for item in outcome if type(item) is Lease]
+        notices = [item for item in outcome if isinstance(item, Notice)]
+        assert sorted(s for lease in leases for s in lease.sessions) == ["s0", "s2", "s3"]
+        assert [(n.session, n.kind) for n in notices] == [("s1", NoticeKind.ERROR)]
+        assert "prompt must be a str" in notices[0].message
+        assert {r.session: r.kind for r in calls[-1]}["s1"] is ResultKind.ERROR
+        for lease in leases:
+            lease.loan.abort()
+        assert allocator.emitted(calls[-1]) == ([], 0)  # taken: nothing left to emit
+    finally:
+        loop.engine.close()
+
+
+def test_a_batch_of_the_same_sessions_is_grouped_anew_once_an_owner_changed(slab: Slab) -> None:
+    # the allocator keeps the last list's grouping by owner while the owners'
+    # version stays; a session that changed owner must be leased to its new one
+    owners: list[Any] = [_Owner(0), _Owner(1)]
+    of = {"s0": owners[0], "s1": owners[0]}
+    version = [0]
+    manifest = ReferenceModel(1).manifest()
+    allocator = SlabAllocator(slab, manifest, of.__getitem__, lambda: version[0])
+    sessions = ["s0", "s1"]
+
+    def lease_owners() -> list[tuple[int, list[str]]]:
+        batch = Batch([0, 1], sessions, [0, 0], [{}, {}])
+        allocator.allocate(batch)
+        leases = allocator.take()
+        for lease in leases:
+            lease.loan.abort()
+        return [(lease.owner.index, lease.sessions) for lease in leases]
+
+    assert lease_owners() == [(0, ["s0", "s1"])]
+    assert lease_owners() == [(0, ["s0", "s1"])]  # (the same list: the cached grouping)
+    of["s1"] = owners[1]
+    version[0] += 1
+    assert lease_owners() == [(0, ["s0"]), (1, ["s1"])]

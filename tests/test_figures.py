@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import array
+
 import numpy as np
 import pytest
 
-from rte.ipc.figures import SessionFigures, _buckets, size
+from rte.ipc.figures import SessionFigures, Word, _buckets, size
 from rte.protocol import latency
+from shm.native import lib
 
 P = 33_333_333  # 30 Hz, in ns
 T0 = 10**12
@@ -154,6 +157,61 @@ def test_steps_counted_together_are_the_figures_of_one_update_per_step(seed: int
     assert np.array_equal(kept.words, reference.words)
     assert np.array_equal(kept.gaps, reference.gaps)
     assert np.array_equal(kept.photons, reference.photons)
+
+
+@pytest.mark.parametrize(("seed", "period"), [(0, P), (1, P), (2, 0), (3, P // 10)])
+def test_the_c_counting_each_step_as_it_is_sent_gives_the_numpy_figures(
+    seed: int, period: int
+) -> None:
+    """``count`` (``shm_figures_count``: what the daemon's C writer does as it
+    pushes each STEP record) against the NumPy path that keeps steps and counts
+    them together: the same words, gaps and photons, with actions, repeated
+    first chunks, receipts and no receipts between the steps."""
+    rng = np.random.default_rng(seed)
+    in_c, kept = _figures(16, period), _figures(16, period)
+    now, seq = T0, 0
+    for f in (in_c, kept):
+        for h in range(12):
+            f.bound(h, f"s{h}", T0)
+    for k in range(400):
+        now += int(rng.integers(1, 3 * (period or P)))
+        handles = np.sort(rng.choice(12, size=int(rng.integers(1, 12)), replace=False))
+        applied = (
+            None if rng.random() < 0.3 else [int(v) for v in rng.integers(0, seq + 2, len(handles))]
+        )
+        in_c.count(
+            array.array("I", handles.tolist()),
+            now,
+            None if applied is None else array.array("I", applied),
+        )
+        kept.emitted(handles, now, applied)
+        for _ in range(int(rng.integers(0, 3)) if rng.random() < 0.4 else 0):
+            seq += 1
+            h = int(rng.integers(0, 12))
+            in_c.acted(h, seq, now + 1)
+            kept.acted(h, seq, now + 1)
+        if k == 200:  # a session rebound midway: its figures start afresh in both
+            in_c.bound(3, "again", now)
+            kept.bound(3, "again", now)
+    kept.flush()
+    assert in_c.photons.sum() > 0 and in_c.gaps.sum() > 1000  # (it counted both)
+    assert np.array_equal(in_c.words, kept.words)
+    assert np.array_equal(in_c.gaps, kept.gaps)
+    assert np.array_equal(in_c.photons, kept.photons)
+
+
+def test_the_c_counts_the_words_the_figures_name() -> None:
+    """The C's word indices (``enum shm_figure_word``) are :class:`Word`'s, and a
+    handle past the figures' is skipped, not written past them."""
+    for name in ("FIRST_NS", "LAST_NS", "CHUNKS", "ON_TIME", "LONGEST_GAP_NS"):
+        assert int(getattr(lib, f"SHM_FIGURE_{name}")) == Word[name]
+    for name in ("PENDING_SEQ", "PENDING_NS", "PHOTONS"):
+        assert int(getattr(lib, f"SHM_FIGURE_{name}")) == Word[name]
+    f = _figures(4)
+    f.count(array.array("I", [4, 1 << 31]), T0)
+    assert not f.words.any() and not f.gaps.any()
+    f.count(array.array("I", [2]), T0)
+    assert int(f.words[2, Word.CHUNKS]) == 1 and int(f.words[2, Word.FIRST_NS]) == T0
 
 
 def test_an_action_is_kept_with_the_steps_and_times_the_chunk_that_applied_it() -> None:

@@ -10,6 +10,7 @@ from rte.errors import AdmissionError
 from rte.overload import MAX_DIVISOR, OVER_TURNS, UNDER_TURNS, Governor, check_priority
 from rte.realtime import MIN_SAMPLES, Pacer, RealTime, StepCost
 from rte.receipts import Receipts
+from rte.turns import UNPACED_EVERY, Turns
 
 
 def test_the_cost_model_recovers_a_line_from_varied_turns() -> None:
@@ -269,3 +270,18 @@ def test_a_drained_cohorts_last_long_turns_refuse_nobody_later(
         rt.cost.add(20, 0.035)  # the last turns before everyone left ran long
     monkeypatch.setattr(realtime, "RECENT_FOR_S", 0.0)  # ... a while ago
     rt.admit(0)  # (it refused every attach for good: nothing stepped to refresh them)
+
+
+def test_a_paced_host_fits_every_turn_an_unpaced_one_a_sample_of_them() -> None:
+    """Paced, admission and the governor rest on every turn's cost; unpaced, the fit
+    is only published, from every UNPACED_EVERY-th turn that stepped (and none that
+    stepped nothing)."""
+    paced, unpaced = Turns(60, 8, "realtime", 0.1), Turns(0, 8, "realtime", 0.1)
+    for turns in (paced, unpaced):
+        for n in range(8 * UNPACED_EVERY):
+            turns.begin()
+            turns.stepped = 0 if n % 2 else 4  # every other turn steps nothing
+            turns.end()
+    assert paced.realtime.cost.samples == 4 * UNPACED_EVERY
+    assert unpaced.realtime.cost.samples == 4
+    assert unpaced.realtime.cost.coefficients()[1] > 0  # it knows the cost all the same

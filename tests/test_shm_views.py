@@ -61,6 +61,24 @@ def test_one_run_looks_at_every_slot(slots: list[int], run: bool) -> None:
     assert one_run(np.array(slots, np.uint64)) is run
 
 
+def test_one_run_in_c_over_words_answers_as_the_python_over_a_list() -> None:
+    """A batch's words (memoryview, uint64 array) are judged in C (shm_one_run);
+    any other sequence in Python: the same answer, random runs and near-runs."""
+    rng = np.random.default_rng(27)
+    for _ in range(400):
+        n = int(rng.integers(3, 80))
+        first = int(rng.integers(0, 1 << 40))
+        slots = list(range(first, first + n))
+        if rng.random() < 0.6:  # a near-run: endpoints kept, one inner slot moved
+            k = int(rng.integers(1, n - 1))
+            slots[k] += int(rng.choice([-1, 1, 2, n]))
+        expected = slots == list(range(slots[0], slots[0] + n))
+        assert one_run(slots) is expected
+        assert one_run(words(slots)) is expected
+        assert one_run(np.array(slots, np.uint64)) is expected
+        assert one_run(np.repeat(np.array(slots, np.uint64), 2)[::2]) is expected  # strided
+
+
 def test_a_step_of_scattered_slots_shows_each_row_its_own_slot(slabs: tuple[Slab, Slab]) -> None:
     """A step that merges two leases on a fragmented slab names slots [10, 12, 11, 13]:
     every row, the writer's and the reader's, is that slot's bytes."""

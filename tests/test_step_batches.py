@@ -83,6 +83,31 @@ def test_a_run_never_wraps_past_the_last_slot(slab: Slab) -> None:
     loan.abort()
 
 
+def test_a_run_taken_again_is_viewed_by_the_same_rows_each_loan_its_own_list(
+    slab: Slab,
+) -> None:
+    """A writer takes the same few runs step after step: their views are made once
+    (shm.slab_core.SlabCore.run), written through as fresh ones are, and each loan
+    gets its own list of them, so nothing a model does to one loan's list reaches
+    the next."""
+    first = slab.loan_batch(0, 3, "f4", (5,))
+    rows, block = first.rows, first.block
+    first.rows[0] = np.zeros(5, "f4")  # a model that replaced a row in its list
+    first.abort()
+    other = slab.loan_batch(0, 3, "f4", (5,))
+    assert other.slots.tolist() == [3, 4, 5] and other.block is not block  # another run
+    other.abort()
+    loan = slab.loan_batch(0, 3, "f4", (5,))  # 6, 7 hold no run of 3: back to 0
+    assert loan.slots.tolist() == [0, 1, 2]
+    assert loan.block is block and loan.rows is not rows  # the views again, a new list
+    assert [r.ctypes.data for r in loan.rows] == [slab.slot_address(s) for s in range(3)]
+    loan.rows[1][:] = 7  # written through: the reader sees it
+    loan.publish()
+    sample = slab.receive_batch(0, loan.slots, loan.generations, "f4", (5,))
+    assert sample.block is not None and sample.block[1].tolist() == [7.0] * 5
+    assert sample.release() == 3 and slab.statistics().held == 0
+
+
 def test_a_batch_is_all_or_nothing(slab: Slab) -> None:
     with pytest.raises(QuotaExceeded, match="asked for 7 at once"):
         slab.loan_batch(0, 7, "u1", (1,))  # quota 6

@@ -4,8 +4,8 @@
     python -m tools.bench --json | python -m tools.readme_tables      # or from stdin
     python -m tools.readme_tables bench.json --write docs/benchmarks.md
 
-Prints, for each suite the JSON holds, its tables (engine; e2e flat; e2e
-paced; transport round trip and latent handoff; the real-time suite's ramp,
+Prints, for each suite the JSON holds, its tables (engine; e2e flat, per
+chunk and paced; transport round trip and latent handoff; the real-time suite's ramp,
 churn, overload and processes; the state suite's one), each after an HTML
 comment naming it, so that every table comes from the same run. ``--write
 FILE`` puts them into FILE instead: each table after its comment is replaced
@@ -97,6 +97,28 @@ def e2e_flat(result: dict[str, Any]) -> str:
             _pair(r, "added", sign=True),
             with_spread(r, "inproc_chunks_per_s"),
             with_spread(r, "daemon_chunks_per_s"),
+        ]
+        for r in result["rows"]
+        if r["mode"] == "flat"
+    ]
+    return table(header, rows)
+
+
+def e2e_per_chunk(result: dict[str, Any]) -> str:
+    """Flat, both client APIs against the in-process loop: the batch API
+    (``poll_batch``, one release per step) and the per-chunk one (``poll`` and
+    ``release`` per chunk, the README's first snippet)."""
+    header = ["sessions", "batch API chunks/s", f"batch {X} in process"]
+    header += ["per-chunk API chunks/s", f"per-chunk {X} in process"]
+    header += ["per-chunk act to chunk p50 / p99 µs"]
+    rows = [
+        [
+            str(r["sessions"]),
+            with_spread(r, "daemon_chunks_per_s"),
+            with_spread(r, "batch_x"),
+            with_spread(r, "chunk_api_chunks_per_s"),
+            with_spread(r, "chunk_x"),
+            _pair(r, "chunk_api"),
         ]
         for r in result["rows"]
         if r["mode"] == "flat"
@@ -224,6 +246,7 @@ def state(result: dict[str, Any]) -> str:
 TABLES: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("engine", "engine", engine),
     ("e2e", "e2e flat", e2e_flat),
+    ("e2e", "e2e per chunk", e2e_per_chunk),
     ("e2e", "e2e paced", e2e_paced),
     ("transport", "transport round trip", transport_round_trip),
     ("transport", "transport latent handoff", transport_latent),

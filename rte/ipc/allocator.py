@@ -34,8 +34,10 @@ from rte.ipc.clients import Connection
 from rte.stages import Batch
 from shm import BatchLoan, Slab
 
+Group = tuple[Connection, list[int] | None]  # an owner and its positions (None: all)
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True)  # (made once a step and client: slots make it cheaper)
 class Lease:
     """One client's slots for one decoded batch, and what they hold: row ``i`` of
     ``loan`` is chunk ``chunks[i]`` of session ``sessions[i]``."""
@@ -46,28 +48,41 @@ class Lease:
     chunks: list[int]
     generated_ns: int
     emitted_ns: int = 0  # set when the engine call that wrote them returns them
+    chunk_words: np.ndarray[Any, Any] | None = None  # ``chunks`` as int64, when the batch had them
 
 
 class SlabAllocator:
     """Leases slab slots as output buffers; ``owner_of(session)`` names the
-    connection a session's chunks are charged to and go to."""
+    connection a session's chunks are charged to and go to. ``owners_version()``,
+    when given, changes whenever an owner does: a batch of the same list of
+    sessions as the last one (the engine hands the same list step after step)
+    is then grouped by owner as the last one was, without asking each session."""
 
     def __init__(
-        self, slab: Slab, manifest: Manifest, owner_of: Callable[[str], Connection]
+        self,
+        slab: Slab,
+        manifest: Manifest,
+        owner_of: Callable[[str], Connection],
+        owners_version: Callable[[], int] | None = None,
     ) -> None:
         self.slab = slab
         self.shape = manifest.latent_shape
         self.dtype = np.dtype(manifest.latent_dtype)
         self.owner_of = owner_of
+        self.owners_version = owners_version
+        self._grouped: tuple[list[str], int, list[Group]] = ([], -1, [])  # the last batch's
         self.pending: list[Lease] = []  # leased since the last take, in order
         self._by_batch: dict[int, list[Lease]] = {}
 
-    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
-        sessions, chunks = batch.sessions, batch.chunks
+    def _groups(self, sessions: list[str]) -> list[Group]:
+        """``sessions``' owners, each with its positions (None: all of them)."""
+        version = self.owners_version() if self.owners_version is not None else None
+        cached = self._grouped
+        if version is not None and cached[0] is sessions and cached[1] == version:
+            return cached[2]  # the same list of sessions, the same owners
         owners = list(map(self.owner_of, sessions))
         first = owners[0]
-        leases = self._by_batch.setdefault(id(batch), [])
-        groups: list[tuple[Connection, list[int] | None]]
+        groups: list[Group]
         if owners.count(first) == len(owners):  # the usual case: one client's sessions
             groups = [(first, None)]
         else:
@@ -75,16 +90,26 @@ class SlabAllocator:
             for position, owner in enumerate(owners):
                 by_owner.setdefault(owner.index, (owner, []))[1].append(position)
             groups = list(by_owner.values())
-        buffers: list[Any] = [None] * len(owners)
+        if version is not None:
+            self._grouped = (sessions, version, groups)
+        return groups
+
+    def allocate(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        sessions, chunks = batch.sessions, batch.chunks
+        groups = self._groups(sessions)
+        leases = self._by_batch.setdefault(id(batch), [])
+        buffers: list[Any] = [None] * len(sessions)
         spans: list[tuple[list[int], Any]] = []
         try:
             for owner, positions in groups:
-                n = len(owners) if positions is None else len(positions)
+                n = len(sessions) if positions is None else len(positions)
                 loan = self.slab.loan_batch(owner.index, n, self.dtype, self.shape)
                 if positions is None:
                     buffers = loan.rows
                     batch.out_block = loan.block  # one run of slots (None if scattered)
-                    lease = Lease(owner, loan, sessions, chunks, batch.generated_ns)
+                    lease = Lease(
+                        owner, loan, sessions, chunks, batch.generated_ns, 0, batch.chunk_words
+                    )
                 else:
                     for position, row in zip(positions, loan.rows, strict=True):
                         buffers[position] = row
@@ -113,20 +138,23 @@ class SlabAllocator:
         self._by_batch.clear()
         return taken
 
-    def emitted(self, results: list[StepResult]) -> list[Lease]:
+    def emitted(self, results: list[StepResult]) -> tuple[list[Lease], int]:
         """The leases of one engine call that returned ``results``, each stamped
-        with when its chunks were emitted (an engine call leases nothing it does
-        not emit or discard, so every lease taken here holds its chunks)."""
+        with when its chunks were emitted, and how many chunks they hold (an
+        engine call leases nothing it does not emit or discard, so every lease
+        taken here holds its chunks: each row a CHUNK result)."""
         leases = self.take()
         if not leases:
-            return leases
+            return leases, 0
         if len(leases) == 1:  # the usual case: one batch of one client
+            (lease,) = leases
             chunk = ResultKind.CHUNK
-            first = next((r for r in results if r.kind is chunk), None)
-            emitted_ns = first.timing.emitted_ns if first is not None else time.monotonic_ns()
-            for lease in leases:
-                lease.emitted_ns = emitted_ns
-            return leases
+            if results and results[0].kind is chunk:  # (most often: no look further)
+                first: StepResult | None = results[0]
+            else:
+                first = next((r for r in results if r.kind is chunk), None)
+            lease.emitted_ns = first.timing.emitted_ns if first is not None else time.monotonic_ns()
+            return leases, len(lease.sessions)
         # several batches (several clients, or engines): each its own engine's time,
         # that of its rows' results (one batch's results share one Timing)
         by_session = {r.session: r.timing.emitted_ns for r in results}
@@ -139,4 +167,4 @@ class SlabAllocator:
                     "two emissions): an engine leased output it did not return; report this"
                 )
             lease.emitted_ns = when
-        return leases
+        return leases, sum(len(lease.sessions) for lease in leases)

@@ -48,7 +48,9 @@ from rte.ipc.figures import SessionFigures
 from rte.protocol.claims import ClientEntry, ClientState
 from rte.protocol.control import Control
 from rte.protocol.mailbox import ClientBlock, Mailbox
+from rte.protocol.steps import IN_PLACE
 from shm import Doorbell, Ring, RingCorrupt, RingFull, Segment, Slab, is_alive
+from shm.counting import CreditJudge
 from shm.fifo import FifoBell
 from shm.segment import HEADER_SIZE
 
@@ -96,6 +98,10 @@ class Connection:
         self._bound = np.zeros(n, bool)
         self._ahead = np.zeros(n, np.int64)  # scratch of with_credit, every turn
         self._due = np.zeros(n, bool)
+        # shm_with_credit over these very arrays
+        self._judge = CreditJudge(
+            self.emitted, self.block.consumed, self.credits, self._bound, self._due
+        )
 
     def bind(self, session: str, credits: int) -> int:
         """Give ``session`` a handle (the least recently used free one) and its credits."""
@@ -129,7 +135,21 @@ class Connection:
             self.figures.unbound(handle)
 
     def with_credit(self) -> list[str]:
-        """The sessions that may step: fewer chunks out than their credits."""
+        """The sessions that may step: fewer chunks out than their credits, judged
+        in one C call (``shm_with_credit``, 0.4 us at 64 sessions where the NumPy
+        reference, :meth:`with_credit_numpy`, took 3; ``RTE_PURE_PYTHON=1``: that)."""
+        if not IN_PLACE:
+            return self.with_credit_numpy()
+        due = self._judge()
+        if due == len(self.sessions):  # the usual case: all of them
+            return list(self.sessions)
+        if not due:
+            return []
+        names = self.names
+        return [names[h] for h in np.flatnonzero(self._due).tolist()]  # type: ignore[misc]
+
+    def with_credit_numpy(self) -> list[str]:
+        """The reference of :meth:`with_credit`, in Python and NumPy."""
         # the client writes ``consumed`` (a stale or hostile count is only ever its own
         # sessions' problem: the slab quota still bounds it); unbound handles have 0 credits
         if len(self.sessions) <= FEW_SESSIONS:  # one by one: 1 us, where NumPy's is 2.5

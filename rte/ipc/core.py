@@ -127,7 +127,9 @@ class DaemonCore:
         self.router = Router(settings.credits, settings.client_quota)
         self.inputs = Inputs(shared.inputs)
         manifest = model.manifest()
-        self.allocator = SlabAllocator(shared.slab, manifest, self.router.owners.__getitem__)
+        router = self.router
+        owners = router.owners.__getitem__
+        self.allocator = SlabAllocator(shared.slab, manifest, owners, lambda: router.version)
         self.engine = _engine(model, load, settings.engines, self.allocator)
         self.loop = ServeLoop(
             self.engine,

@@ -40,6 +40,7 @@ import numpy as np
 from rte.protocol import latency
 from rte.protocol.control import Control, RealTimeWord
 from rte.serve import ServeLoop
+from shm.counting import FigureCounter
 
 NAME_BYTES = 64  # a session's name as shown (longer ones are cut)
 ON_TIME_PERIODS = 1.5
@@ -93,10 +94,13 @@ class SessionFigures:
                 a.flags.writeable = False
         self.period_ns = period_ns
         self._late_ns = int(period_ns * ON_TIME_PERIODS) if period_ns else 1 << 62
-        self._steps: list[tuple[np.ndarray[Any, Any], int, list[int] | None]] = []
+        self.kept: list[tuple[np.ndarray[Any, Any], int, list[int] | None]] = []
         self._since_ns = 0  # when the oldest step kept was emitted
         # actions received while steps are kept: (steps kept before it, handle, seq, ns)
         self._acts: list[tuple[int, int, int, int]] = []
+        self._counter: FigureCounter | None = None  # the C's view, for a writer
+        if not readonly:
+            self._counter = FigureCounter(self.words, self.gaps, self.photons, self._late_ns)
 
     # -- the writer (the daemon's serve thread) ---------------------------------
 
@@ -130,23 +134,40 @@ class SessionFigures:
         """A step emitted one chunk to each of ``handles`` (distinct) at ``now_ns``;
         ``applied``: their receipts (None: no session has acted). Kept, and counted
         with the next steps' (:meth:`flush`)."""
-        pending = self._steps
+        pending = self.kept
         if not pending:
             self._since_ns = now_ns
         pending.append((handles, now_ns, applied))
         if len(pending) >= FLUSH_STEPS or now_ns - self._since_ns >= FLUSH_NS:
             self.flush()
 
+    def counted(self) -> Any:
+        """The C's view of these figures (``shm_figures_t *``) for a writer that
+        counts each step as it sends it (``shm_rows_send``, a step's chunks at
+        once, in the order sent), the steps kept for NumPy counted first, so the
+        two never count out of order."""
+        self.flush()
+        assert self._counter is not None, "read-only figures are never counted"
+        return self._counter.c
+
+    def count(self, handles: Any, now_ns: int, applied: Any = None) -> None:
+        """A step's chunks counted at once in C (``shm_figures_count``), as a
+        writer that counts them counts them: ``handles`` and ``applied``
+        (``uint32`` buffers; None: no receipts), what :meth:`emitted` keeps."""
+        self.flush()
+        assert self._counter is not None, "read-only figures are never counted"
+        self._counter.count(handles, now_ns, applied)
+
     def flush_stale(self, now_ns: int) -> None:
         """:meth:`flush` if the oldest step kept is older than ``FLUSH_NS``."""
-        if self._steps and now_ns - self._since_ns >= FLUSH_NS:
+        if self.kept and now_ns - self._since_ns >= FLUSH_NS:
             self.flush()
 
     def flush(self) -> None:
         """Count the steps kept since the last flush, all at once: the figures then
         are those of one update per step, in order (tests/test_figures.py holds the
         two equal), for about the NumPy calls of one."""
-        steps, self._steps = self._steps, []
+        steps, self.kept = self.kept, []
         acts, self._acts = self._acts, []
         if not steps:
             for _, handle, seq, now_ns in acts:
@@ -248,10 +269,10 @@ class SessionFigures:
         """An action ``seq`` of the session was received (timed if none is pending).
         Kept, in order with the steps kept (a flush for each action was a quarter
         of a flat daemon's time when its client acted every few steps; py-spy)."""
-        if not self._steps:
+        if not self.kept:
             self._pend(handle, seq, now_ns)
             return
-        self._acts.append((len(self._steps), handle, seq, now_ns))
+        self._acts.append((len(self.kept), handle, seq, now_ns))
         if len(self._acts) >= FLUSH_STEPS:
             self.flush()
 

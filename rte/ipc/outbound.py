@@ -76,6 +76,9 @@ class Outbound:
         """Chunks (their leases) to their owners, a STEP record each; notices where
         the router says (``requester``: the client whose request produced them,
         if any, and ``credits`` what that request asked for)."""
+        if len(items) == 1 and type(items[0]) is Lease:  # a step of one client: the usual
+            self._step(items)  # type: ignore[arg-type]
+            return
         leases = [item for item in items if type(item) is Lease]
         if leases:  # every chunk of this call, before the notices after it
             self.steps(leases)
@@ -158,11 +161,15 @@ class Outbound:
         were published but the record not pushed; -1 when some slot was reclaimed
         meanwhile (its client is gone: counted, nothing sent)."""
         writer = self._writers.get(owner.index)
+        figures = owner.figures
         if writer is None or writer[0] is not owner:
+            counted = figures.counted() if figures is not None else None
             writer = self._writers[owner.index] = (
                 owner,
-                step_writer(owner.outbox, self.slab, self.histogram, self.control.segment),
+                step_writer(owner.outbox, self.slab, self.histogram, self.control.segment, counted),
             )
+        elif figures is not None and figures.kept:  # the reference's steps count first
+            figures.flush()
         loan, emitted_ns = lease.loan, lease.emitted_ns
         receipts = self.receipts
         applied = receipts.column(lease.sessions, lease.chunks) if receipts is not None else None
@@ -170,7 +177,7 @@ class Outbound:
             step_head(len(loan), loan.contiguous, emitted_ns),
             loan.slots,
             loan.generations,
-            lease.chunks,
+            lease.chunks if lease.chunk_words is None else lease.chunk_words,  # (in place)
             lease.generated_ns,
             handles,
             applied,
@@ -178,10 +185,8 @@ class Outbound:
             owner.emitted,
         )
         loan.mark_published()
-        if pushed > 0:
+        if pushed > 0:  # (its figures counted by the C)
             self._emitted += len(loan)
-            if owner.figures is not None:
-                owner.figures.emitted(index, emitted_ns, applied)
         elif pushed < 0:
             self.control.count(Counter.CHUNKS_DROPPED, len(loan))
         return pushed

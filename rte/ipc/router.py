@@ -32,6 +32,7 @@ class Router:
     def __init__(self, default_credits: int, quota: int = 1 << 62) -> None:
         """``quota``: the slots each client may hold (its sessions' credits must fit)."""
         self.owners: dict[str, Connection] = {}
+        self.version = 0  # one more at each change of owners (what a cache of them checks)
         self.default_credits = default_credits
         self.quota = quota
 
@@ -82,7 +83,9 @@ class Router:
     def _bind(self, session: str, connection: Connection, credits: int) -> None:
         connection.bind(session, credits)
         self.owners[session] = connection
+        self.version += 1
 
     def _unbind(self, session: str, connection: Connection) -> None:
         del self.owners[session]
+        self.version += 1
         connection.unbind(session)

@@ -138,11 +138,15 @@ def send_step(
     return pushed if send(encoded) else 0
 
 
-def step_writer(ring: Ring, slab: SlabCore, delivery: Histogram, segment: Segment) -> RowsWriter:
+def step_writer(
+    ring: Ring, slab: SlabCore, delivery: Histogram, segment: Segment, figures: Any = None
+) -> RowsWriter:
     """The daemon's writer of STEP records into one client's ``ring``
     (``shm_rows_send``): a step's slots in ``slab`` published, its record pushed
-    in place and its emitted-to-pushed time added to ``delivery`` (the control
-    block's histogram, in ``segment``), in one C call."""
+    in place, its emitted-to-pushed time added to ``delivery`` (the control
+    block's histogram, in ``segment``) and its sessions' ``figures`` counted
+    (``shm_figures_t *``, :meth:`rte.ipc.figures.SessionFigures.counted`; None:
+    none), in one C call."""
     return RowsWriter(
         ring,
         slab,
@@ -150,6 +154,7 @@ def step_writer(ring: Ring, slab: SlabCore, delivery: Histogram, segment: Segmen
         histogram=delivery.words,
         total=delivery.total,
         words_segment=segment,
+        figures=figures,
     )
 
 

@@ -95,6 +95,30 @@ uint64_t shm_add_ones(uint64_t *counts, uint64_t ncounts, const uint32_t *index,
     return added;
 }
 
+int shm_one_run(const uint64_t *slots, uint64_t n) {
+    if (n == 0)
+        return 0;
+    for (uint64_t k = 1; k < n; k++)
+        if (slots[k] != slots[0] + k)
+            return 0;
+    return 1;
+}
+
+/* A client writes its consumed counts as it pleases: a count read torn or
+   hostile only decides whether its own sessions step (the slab quota still
+   bounds what they hold). */
+uint64_t shm_with_credit(const int64_t *emitted, const uint64_t *consumed, const int64_t *credits,
+                         const uint8_t *bound, uint8_t *due, uint64_t n) {
+    uint64_t count = 0;
+    for (uint64_t h = 0; h < n; h++) {
+        const int64_t seen = (int64_t)__atomic_load_n(&consumed[h], __ATOMIC_ACQUIRE);
+        const uint8_t ok = bound[h] && emitted[h] - seen < credits[h];
+        due[h] = ok;
+        count += ok;
+    }
+    return count;
+}
+
 static inline void bump(uint64_t *p, uint64_t v) {
     /* single-writer counter: relaxed is enough, the store just must not tear */
     __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
@@ -1022,6 +1046,34 @@ int64_t shm_rows_give_back(const shm_rows_t *r, const uint8_t *rec, uint64_t len
 
 /* -- a writer of records of rows: publish, push and count in one call ------- */
 
+void shm_figures_count(const shm_figures_t *f, const uint32_t *handles, const uint32_t *applied,
+                       uint64_t n, int64_t now_ns) {
+    for (uint64_t k = 0; k < n; k++) {
+        const uint64_t h = handles[k];
+        if (h >= f->handles) continue;
+        int64_t *row = f->words + h * f->nwords;
+        const int64_t before = row[SHM_FIGURE_LAST_NS];
+        if (before == 0) { /* the session's first chunk: on time, no gap */
+            row[SHM_FIGURE_FIRST_NS] = now_ns;
+            row[SHM_FIGURE_ON_TIME] += 1;
+        } else {
+            const int64_t gap = now_ns - before;
+            row[SHM_FIGURE_ON_TIME] += gap <= f->late_ns;
+            if (gap > row[SHM_FIGURE_LONGEST_GAP_NS]) row[SHM_FIGURE_LONGEST_GAP_NS] = gap;
+            f->gaps[h * f->nbuckets + shm_log_bucket(gap, f->nbuckets)] += 1;
+        }
+        row[SHM_FIGURE_CHUNKS] += 1;
+        row[SHM_FIGURE_LAST_NS] = now_ns;
+        const int64_t pending = row[SHM_FIGURE_PENDING_SEQ];
+        if (applied != NULL && pending > 0 && (int64_t)applied[k] >= pending) {
+            const int64_t waited = now_ns - row[SHM_FIGURE_PENDING_NS];
+            f->photons[h * f->nbuckets + shm_log_bucket(waited, f->nbuckets)] += 1;
+            row[SHM_FIGURE_PHOTONS] += 1;
+            row[SHM_FIGURE_PENDING_SEQ] = 0;
+        }
+    }
+}
+
 /* One record of rows out, as a writer's three steps would send it: publish
    every slot (WRITING -> READY), then push the record in place
    (shm_ring_push_rows, count_full 0), then count it: its pushed-minus-emitted
@@ -1055,5 +1107,6 @@ int shm_rows_send(const shm_rows_out_t *w, const char *head, uint64_t head_len,
     if (w->counts != NULL)
         for (uint64_t k = 0; k < n; k++)
             if (handles[k] < w->ncounts) w->counts[handles[k]] += 1;
+    if (w->figures != NULL) shm_figures_count(w->figures, handles, applied, n, emitted_ns);
     return rc;
 }

@@ -66,6 +66,13 @@ int shm_spin_until_equal(const uint64_t *p, uint64_t value, uint64_t spin_ns);
    a client's credits for a batch's rows, in one call; see shm_native.c. */
 uint64_t shm_add_ones(uint64_t *counts, uint64_t ncounts, const uint32_t *index,
                       uint64_t nindex, const int64_t *rows, uint64_t n);
+/* 1 when slots[0..n) are s, s+1, ..., s+n-1 (every slot looked at), else 0 (n 0: 0). */
+int shm_one_run(const uint64_t *slots, uint64_t n);
+/* due[h] = 1 where bound[h] and emitted[h] - consumed[h] < credits[h], else 0,
+   h < n: which of a client's sessions may step (consumed: the client's counts,
+   read once each); returns how many may. */
+uint64_t shm_with_credit(const int64_t *emitted, const uint64_t *consumed, const int64_t *credits,
+                         const uint8_t *bound, uint8_t *due, uint64_t n);
 
 /* -- ring: single producer, single consumer, variable-length records --
  * A ring is used through a shm_ring_t: where its header is mapped in this
@@ -180,6 +187,34 @@ int64_t shm_rows_pop(const shm_rows_t *rows);
 int64_t shm_rows_give_back(const shm_rows_t *rows, const uint8_t *rec, uint64_t len,
                            const int64_t *pick, uint64_t npick, int credit);
 
+/* -- each handle's real-time figures, counted as its rows are sent (rte's
+   rte/ipc/figures.py is the layout and the NumPy reference): per handle a row
+   of nwords int64 words (these indices) and two rows of nbuckets int64
+   buckets, inter-arrival gaps and action-to-photon times (shm_log_bucket). */
+enum shm_figure_word {
+    SHM_FIGURE_FIRST_NS = 2,
+    SHM_FIGURE_LAST_NS = 3,
+    SHM_FIGURE_CHUNKS = 4,
+    SHM_FIGURE_ON_TIME = 5,
+    SHM_FIGURE_LONGEST_GAP_NS = 6,
+    SHM_FIGURE_PENDING_SEQ = 8,
+    SHM_FIGURE_PENDING_NS = 9,
+    SHM_FIGURE_PHOTONS = 10
+};
+
+typedef struct {
+    int64_t *words;   /* handles x nwords */
+    int64_t *gaps;    /* handles x nbuckets */
+    int64_t *photons; /* handles x nbuckets */
+    uint64_t handles, nwords, nbuckets;
+    int64_t late_ns;  /* a gap above this is late */
+} shm_figures_t;
+
+/* One chunk emitted at now_ns to each of handles[k] (receipts applied[k], or
+   NULL: none acted), k < n: each handle's figures counted (single writer). */
+void shm_figures_count(const shm_figures_t *f, const uint32_t *handles, const uint32_t *applied,
+                       uint64_t n, int64_t now_ns);
+
 /* -- a writer of records of rows, set up once (shm/steps.py RowsWriter): what
    each send counts, and where. The histogram and total are the writer's own
    words (or NULL); counts, set before each send that counts, are its own
@@ -193,9 +228,11 @@ typedef struct {
     uint64_t *total;        /* one word: the sum of those times, or NULL */
     int64_t *counts;        /* one added at counts[handle] per row pushed, or NULL */
     uint64_t ncounts;
+    const shm_figures_t *figures; /* each pushed row's handle's figures, or NULL */
 } shm_rows_out_t;
 
-/* Publish a record's slots, push it in place and count it: one writer's step out. */
+/* Publish a record's slots, push it in place and count it (and its figures,
+   at emitted_ns): one writer's step out. */
 int shm_rows_send(const shm_rows_out_t *w, const char *head, uint64_t head_len,
                   const uint64_t *slots, const uint64_t *generations, const int64_t *chunks,
                   const int64_t *generated, uint64_t generated_stride, const uint32_t *handles,
