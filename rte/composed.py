@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rte.arena import Arena
@@ -70,6 +70,10 @@ class ComposedEngine:
             it returns before (the device decodes while the host is between steps);
             its frames are written once the next step or :meth:`wait_published`
             returns, and only then may they be read or handed on.
+        lazy_results: a step whose every due session emitted answers with a
+            :class:`~rte.output.BatchResults` (each result made when looked at)
+            instead of a list: for a host that delivers the chunks from its
+            allocator's record of them (the daemon), never from the results.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class ComposedEngine:
         lanes: str | Lanes = "auto",
         allocator: OutputAllocator | None = None,
         publish: str = "wait",
+        lazy_results: bool = False,
     ) -> None:
         if publish not in ("wait", "fenced"):
             raise ValueError(f"publish must be 'wait' or 'fenced', not {publish!r}")
@@ -102,6 +107,7 @@ class ComposedEngine:
             allocator or HeapAllocator(self._manifest),
             fenced=publish == "fenced",
         )
+        self._lazy = lazy_results
         self._quiet = True  # no row pending, encoding or with a heavy change staged
         self._closed = False
         self._encodes = Encodes(self.lanes, self._encode, self._arena.batch)
@@ -133,7 +139,7 @@ class ComposedEngine:
 
     def step(
         self, due: Iterable[str], actions: Mapping[str, Action] | None = None
-    ) -> list[StepResult]:
+    ) -> Sequence[StepResult]:
         self._check_open()
         arena = self._arena
         key = tuple(due)
@@ -155,7 +161,7 @@ class ComposedEngine:
             self._pipeline.fail()
             raise
         self._pipeline.output.emitted()
-        results = step_results(plan, decoded, rejected, arena.age, started)
+        results = step_results(plan, decoded, rejected, arena.age, started, self._lazy)
         if arena.failed:
             return report_failed(arena.failed, key, results, started)
         return results

@@ -12,7 +12,7 @@ its own; any other is driven by :func:`rte.serve.default_serve`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -178,8 +178,9 @@ class Engine(Protocol):
 
     def step(
         self, due: Iterable[str], actions: Mapping[str, Action] | None = None
-    ) -> list[StepResult]:
-        """Apply ``actions``, advance every due session one chunk, return one result each."""
+    ) -> Sequence[StepResult]:
+        """Apply ``actions``, advance every due session one chunk, return one result
+        each (a list, or a sequence whose results are made when looked at)."""
         ...
 
     def finalize(self, sessions: Iterable[str] | None = None) -> list[StepResult]:

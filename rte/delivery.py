@@ -14,7 +14,7 @@ the order the results came.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rte.contract import Notice, NoticeKind, ResultKind, StepResult
@@ -24,7 +24,7 @@ from rte.receipts import Receipts
 # an engine call's chunks: see ``emit``) and notices
 OutboxItem = StepResult | Notice | object
 # a fresh list (the loop appends to it) and the number of chunks it holds
-Emit = Callable[[list[StepResult]], tuple[list[Any], int]]
+Emit = Callable[[Sequence[StepResult]], tuple[list[Any], int]]
 LetGo = Callable[[str, str, list[OutboxItem]], object]  # session, reason, out
 
 
@@ -46,7 +46,7 @@ class Delivery:
         self.emit = emit
         self.let_go = let_go
 
-    def __call__(self, results: list[StepResult]) -> list[OutboxItem]:
+    def __call__(self, results: Sequence[StepResult]) -> list[OutboxItem]:
         """The outbox items of one engine call's ``results``, in their order."""
         if self.stamp:
             results = self.receipts.stamp(results)

@@ -4,7 +4,9 @@ One :class:`~rte.contract.StepResult` per due session, in due order: CHUNK
 when the session emitted; otherwise ERROR (its action was refused), PENDING
 (not yet seeded), ENCODING (sitting out a heavy change), WARMUP (its chunk
 is in flight), or FAILED. The common step, every due row decoded as one batch
-in due order, is answered by :func:`~rte.output.chunk_results` alone.
+in due order, is answered by :func:`~rte.output.chunk_results` alone (or, for
+a host that asks, by :class:`~rte.output.BatchResults`: the same, made when
+looked at).
 
 FAILED is how a session's own failure stays its own: when a session's seed or
 heavy encode fails, the engine lets go of its row at once (free for the next
@@ -16,25 +18,31 @@ only forgets it (``ServeLoop`` does so at the first FAILED).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from rte.arena import Plan
 from rte.contract import ResultKind, StepResult, Timing
-from rte.output import chunk_results
+from rte.output import BatchResults, chunk_results
 from rte.stages import Batch
 
 
 def step_results(
-    plan: Plan, decoded: list[Batch], rejected: dict[str, str], age: np.ndarray, started: int
-) -> list[StepResult]:
+    plan: Plan,
+    decoded: list[Batch],
+    rejected: dict[str, str],
+    age: np.ndarray,
+    started: int,
+    lazy: bool = False,
+) -> Sequence[StepResult]:
     """The result of each of the plan's rows: ``decoded`` the batches emitted,
     ``rejected`` the sessions whose action was refused (with why), ``age`` the
-    chunks generated per row."""
+    chunks generated per row. ``lazy``: the common step's (every due row decoded,
+    in due order) as a :class:`~rte.output.BatchResults`, made when looked at."""
     now = time.monotonic_ns()
     if len(decoded) == 1 and decoded[0].rows is plan.index:  # every due row, in due order
-        return chunk_results(decoded[0], now)
+        return BatchResults(decoded[0], now) if lazy else chunk_results(decoded[0], now)
     emitted = emitted_by_row(decoded, now)
     timing = Timing(started, now)
     results = []
@@ -61,8 +69,8 @@ def emitted_by_row(decoded: list[Batch], now: int) -> dict[int, StepResult]:
 
 
 def report_failed(
-    failed: dict[str, str], due: Iterable[str], results: list[StepResult], started: int
-) -> list[StepResult]:
+    failed: dict[str, str], due: Iterable[str], results: Sequence[StepResult], started: int
+) -> Sequence[StepResult]:
     """``results`` with a FAILED result for each due session in ``failed`` (session:
     why), all in due order; ``results`` itself when none is due."""
     order = dict.fromkeys(due)

@@ -29,13 +29,15 @@ a state attached by another client carries the first client's seqs.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rte.contract import ResultKind, StepResult
+from rte.output import BatchResults
 
 _CHUNK, _WARMUP, _ERROR = ResultKind.CHUNK, ResultKind.WARMUP, ResultKind.ERROR
 
 
+FEW_ACTIONS = 4  # up to this many actions in a step are found in its batch by position
 MAX_COLUMNS = 64  # lists of sessions whose column is kept (a client's each, usually)
 
 
@@ -65,9 +67,12 @@ class Receipts:
             self._columns.clear()
         self._leaving.clear()
 
-    def handed(self, results: list[StepResult], seqs: Mapping[str, int]) -> None:
+    def handed(self, results: Sequence[StepResult], seqs: Mapping[str, int]) -> None:
         """The step that made ``results`` was handed the actions of ``seqs`` (session -> seq)."""
         ahead = self.ahead
+        if type(results) is BatchResults and not results.is_made:  # every one a CHUNK
+            self._handed_batch(results, seqs)
+            return
         for r in results:
             seq = seqs.get(r.session)
             if seq is None:
@@ -111,8 +116,21 @@ class Receipts:
         self._columns[id(sessions)] = (sessions, column, {s: i for i, s in enumerate(sessions)})
         return column
 
-    def stamp(self, results: list[StepResult]) -> list[StepResult]:
-        """``results`` with each CHUNK's ``applied`` set (the same list if all are 0)."""
+    def _handed_batch(self, results: BatchResults, seqs: Mapping[str, int]) -> None:
+        """:meth:`handed` read from the batch's columns (no result made): a few
+        actions looked up by position, many by a walk of the batch."""
+        sessions, chunks, ahead = results.batch.sessions, results.batch.chunks, self.ahead
+        if len(seqs) <= FEW_ACTIONS:
+            found = [(s, seq, sessions.index(s)) for s, seq in seqs.items() if s in sessions]
+            marks = [(s, chunks[i] + ahead, seq) for s, seq, i in found]
+        else:
+            get, pairs = seqs.get, zip(sessions, chunks, strict=True)
+            marks = [(s, c + ahead, q) for s, c in pairs if (q := get(s)) is not None]
+        for session, first, seq in marks:
+            self._marks.setdefault(session, collections.deque()).append((first, seq))
+
+    def stamp(self, results: Sequence[StepResult]) -> Sequence[StepResult]:
+        """``results`` with each CHUNK's ``applied`` set (the same ones if all are 0)."""
         if not self.active:
             return results
         out = []

@@ -25,7 +25,7 @@ session and is never pooled again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,7 +237,7 @@ class ReplicaEngine:
 
     @staticmethod
     def _guarded(
-        sessions: list[str], call: Callable[..., list[StepResult]], *args: Any
+        sessions: list[str], call: Callable[..., Sequence[StepResult]], *args: Any
     ) -> dict[str, StepResult]:
         """Run one child's call; its failure becomes ERROR results for its sessions only."""
         started = time.monotonic_ns()

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,7 @@ def sessions_of(engine: Any) -> list[str]:
     return list(engine.sessions())
 
 
-def frames(results: list[Any]) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
+def frames(results: Sequence[Any]) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
     """Each chunk's frame by (session, chunk), copied (results may be reused views)."""
     return {(r.session, r.chunk): np.array(r.latent) for r in results if r.has_chunk}
 

@@ -23,7 +23,7 @@ them and reads nothing else. A failed call's leases are aborted (``discard``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from rte.contract import Manifest, ResultKind, StepResult
 from rte.ipc.clients import Connection
+from rte.output import BatchResults
 from rte.stages import Batch
 from shm import BatchLoan, Slab
 
@@ -138,7 +139,7 @@ class SlabAllocator:
         self._by_batch.clear()
         return taken
 
-    def emitted(self, results: list[StepResult]) -> tuple[list[Lease], int]:
+    def emitted(self, results: Sequence[StepResult]) -> tuple[list[Lease], int]:
         """The leases of one engine call that returned ``results``, each stamped
         with when its chunks were emitted, and how many chunks they hold (an
         engine call leases nothing it does not emit or discard, so every lease
@@ -146,6 +147,10 @@ class SlabAllocator:
         leases = self.take()
         if not leases:
             return leases, 0
+        if type(results) is BatchResults:  # one batch, every row a chunk: one time, none made
+            for lease in leases:
+                lease.emitted_ns = results.timing.emitted_ns
+            return leases, len(results)
         if len(leases) == 1:  # the usual case: one batch of one client
             (lease,) = leases
             chunk = ResultKind.CHUNK

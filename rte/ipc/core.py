@@ -400,8 +400,8 @@ def _engine(
 ) -> ComposedEngine | ReplicaEngine:
     """The daemon's engine: ``model``'s, or ``engines`` of them (the others' models
     from ``load``), every chunk written where ``allocator`` says (one slab)."""
-    if engines <= 1:
-        return ComposedEngine(model, allocator=allocator)
+    if engines <= 1:  # (its chunks go out from the allocator's leases: no result object each)
+        return ComposedEngine(model, allocator=allocator, lazy_results=True)
     first: list[StageModel] = [model]
     more = load or (lambda: model)
     return ReplicaEngine.of_model(
