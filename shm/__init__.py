@@ -52,7 +52,7 @@ from shm.lock import NameLock, NameLockHeld
 from shm.names import shm_name
 from shm.ring import Ring, WaitPolicy, max_record, wait_any
 from shm.ring_stats import RingStatistics
-from shm.segment import Segment, is_alive
+from shm.segment import Segment, is_alive, process_start_time
 from shm.slab import Loan, Sample, Slab
 from shm.slots import SlabStatistics, SlotInfo, SlotRef, SlotState, one_run
 from shm.words import Counts, Word
@@ -98,6 +98,7 @@ __all__ = [
     "is_alive",
     "max_record",
     "one_run",
+    "process_start_time",
     "shm_name",
     "wait_any",
 ]

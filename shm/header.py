@@ -10,11 +10,18 @@ refused with what to do.
 
 pid alone is reused by the OS; pid plus start time names one process
 (:func:`is_alive`), which is how a reader tells a dead creator from a live one.
+The start time is the kernel's own count since boot (:func:`process_start_time`),
+never one read against the wall clock: psutil's ``create_time`` adds the boot
+time as ``/proc/stat`` gives it at the call, and a clock slew moves that by a
+second now and then, after which every live peer would look dead (a client
+raised EngineGone on a running daemon in a CI run; a daemon would have reaped
+its live clients).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -25,7 +32,9 @@ from shm.errors import ForeignSegmentError, SegmentVersionError
 
 PAGE = mmap.PAGESIZE
 HEADER_SIZE = max(PAGE, 4096)
-LAYOUT_VERSION = 2  # 2: a daemon's clients each have segments of their own
+LAYOUT_VERSION = (
+    3  # 2: a daemon's clients each have segments of their own; 3: start times since boot
+)
 MAGIC = int.from_bytes(b"rteseg01", "little")
 # magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
 _LAYOUT = struct.Struct("<QIIQQdd")
@@ -36,8 +45,30 @@ def page_align(n: int) -> int:
     return (n + PAGE - 1) // PAGE * PAGE
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC_STAT = os.path.exists("/proc/self/stat")  # Linux: read the kernel's count
+
+
 def process_start_time(pid: int) -> float | None:
-    """The start time of process ``pid`` (seconds since the epoch), None if gone."""
+    """When process ``pid`` started, None if it is gone (or a zombie). On Linux
+    in seconds since boot: ``starttime`` of ``/proc/PID/stat``, a count of clock
+    ticks that nothing changes once the process runs. Elsewhere psutil's
+    ``create_time`` (seconds since the epoch, as that system keeps it)."""
+    if not _PROC_STAT:
+        return _psutil_start_time(pid)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone (or never was)
+        return None
+    # pid (comm) state ... : comm may hold anything, so the fields after its last ")"
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):  # a zombie or dead: not running
+        return None
+    return int(fields[19]) / _CLOCK_TICKS  # field 22, starttime
+
+
+def _psutil_start_time(pid: int) -> float | None:
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -73,10 +104,9 @@ class Header:
 def write(mapping: mmap.mmap, kind: int, size: int) -> None:
     """Write a new segment's header as this process's, all but the magic (left 0:
     the creator publishes it last, with a release store)."""
-    me = psutil.Process()
-    _LAYOUT.pack_into(
-        mapping, 0, 0, LAYOUT_VERSION, kind, size, me.pid, me.create_time(), time.time()
-    )
+    pid = os.getpid()
+    start = process_start_time(pid)
+    _LAYOUT.pack_into(mapping, 0, 0, LAYOUT_VERSION, kind, size, pid, start, time.time())
 
 
 def check(name: str, magic: int, header: Header, actual: int, kind: int | None) -> None:

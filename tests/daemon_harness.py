@@ -19,7 +19,7 @@ from rte.protocol.control import KIND_CLAIMS, KIND_CONTROL, KIND_MAILBOX, Contro
 from rte.protocol.mailbox import Mailbox
 from rte.protocol.names import DaemonNames
 from rte.protocol.wire import Bye, encode_request
-from shm import Doorbell, Segment
+from shm import Doorbell, Segment, process_start_time
 from shm.names import SHM_DIR
 
 TESTS = Path(__file__).resolve().parent
@@ -156,8 +156,8 @@ class RawClient:
         layout = self.control.layout
         self.claims_segment = Segment.open(names.claims, kind=KIND_CLAIMS)
         self.claims = ClaimTable(self.claims_segment, layout.max_clients)
-        me = psutil.Process()
-        claimed = self.claims.claim(me.pid, me.create_time(), self.control.table)
+        me = os.getpid()
+        claimed = self.claims.claim(me, process_start_time(me) or 0.0, self.control.table)
         assert claimed is not None, "no free client slot"
         index, generation = claimed
         self.index = index

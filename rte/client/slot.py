@@ -26,12 +26,12 @@ sessions its rows credit.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import psutil
 
 from rte.client.daemon import meaning, open_control
 from rte.client.inputs import Lender, open_inputs
@@ -54,6 +54,7 @@ from shm import (
     Slab,
     StaleSlot,
     is_alive,
+    process_start_time,
 )
 from shm.fifo import FifoBell
 
@@ -108,10 +109,11 @@ class ClientSlot:
     def _join(self, names: DaemonNames, deadline: float, policy: str, spin_us: float) -> Mailbox:
         """Claim a client slot, map its mailbox and empty it, and activate it
         (claiming again in the rare case the daemon took a slow claim for abandoned)."""
-        me = psutil.Process()
+        me, start = os.getpid(), process_start_time(os.getpid())
+        assert start is not None  # (this process runs)
         sizes = (self.control.layout.ring_capacity, self.control.layout.handles)
         while True:
-            self.index, self.generation = self._claim(me.pid, me.create_time(), deadline)
+            self.index, self.generation = self._claim(me, start, deadline)
             my_bell: Doorbell | FifoBell
             if self.by_fd:
                 my_bell = self.fifo = self._own(FifoBell(names.client_wake(self.index)))

@@ -6,7 +6,7 @@ A client claims a slot in the claims segment itself
 - **adopt** ACTIVE claims of slots its roster has free, serving them through
   that slot's mailbox (:mod:`rte.protocol.mailbox`: its rings and credit block,
   opened once at start), and record the client in the roster;
-- find **dead** clients (pid + start time, psutil) and **leaving** ones (their
+- find **dead** clients (pid + start time since boot) and **leaving** ones (their
   mailbox says so) so the core can detach their sessions, then **remove**
   them: their slab slots reclaimed, their mailbox emptied, their slot FREE for
   the next client. A slot the daemon holds is judged by its own record and
