@@ -32,9 +32,8 @@ from shm.errors import ForeignSegmentError, SegmentVersionError
 
 PAGE = mmap.PAGESIZE
 HEADER_SIZE = max(PAGE, 4096)
-LAYOUT_VERSION = (
-    3  # 2: a daemon's clients each have segments of their own; 3: start times since boot
-)
+# 2: a daemon's clients each have segments of their own; 3: start times since boot
+LAYOUT_VERSION = 3
 MAGIC = int.from_bytes(b"rteseg01", "little")
 # magic u64 | version u32 | kind u32 | size u64 | pid u64 | start time f64 | created f64
 _LAYOUT = struct.Struct("<QIIQQdd")
