@@ -69,10 +69,10 @@ class Receipts:
 
     def handed(self, results: Sequence[StepResult], seqs: Mapping[str, int]) -> None:
         """The step that made ``results`` was handed the actions of ``seqs`` (session -> seq)."""
-        ahead = self.ahead
         if type(results) is BatchResults and not results.is_made:  # every one a CHUNK
             self._handed_batch(results, seqs)
             return
+        ahead = self.ahead
         for r in results:
             seq = seqs.get(r.session)
             if seq is None:

@@ -203,9 +203,8 @@ def test_the_c_counting_each_step_as_it_is_sent_gives_the_numpy_figures(
 def test_the_c_counts_the_words_the_figures_name() -> None:
     """The C's word indices (``enum shm_figure_word``) are :class:`Word`'s, and a
     handle past the figures' is skipped, not written past them."""
-    for name in ("FIRST_NS", "LAST_NS", "CHUNKS", "ON_TIME", "LONGEST_GAP_NS"):
-        assert int(getattr(lib, f"SHM_FIGURE_{name}")) == Word[name]
-    for name in ("PENDING_SEQ", "PENDING_NS", "PHOTONS"):
+    names = ["FIRST_NS", "LAST_NS", "CHUNKS", "ON_TIME", "LONGEST_GAP_NS"]
+    for name in [*names, "PENDING_SEQ", "PENDING_NS", "PHOTONS"]:
         assert int(getattr(lib, f"SHM_FIGURE_{name}")) == Word[name]
     f = _figures(4)
     f.count(array.array("I", [4, 1 << 31]), T0)
