@@ -368,3 +368,40 @@ def test_a_remote_sessions_chunks_are_pushed_a_message_per_step_and_released_in_
     assert counts["steps"] >= 30 and counts["messages"] <= counts["steps"]
     assert 0 < counts["give_backs"] <= counts["messages"]  # at most one per message
     client.close()
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_a_remote_session_runs_its_window_ahead_of_a_caller_that_stops_reading(
+    cluster: tuple[Any, list[Any], Any, float], window: int
+) -> None:
+    """A session on another node: its host gives its rows back to the daemon as
+    their step is sent while the session has room in its window (rte.ray.window),
+    so a caller that reads and releases nothing holds its credits plus the window,
+    and then nothing more comes (credits hold end to end); once it releases, the
+    stream goes on from where it was, without a gap or a repeat."""
+    _, hosts, _, _ = cluster
+    here = ray.get_runtime_context().get_node_id()
+    places = ray.get([h.where.remote() for h in hosts], timeout=30)
+    far = next(i for i, (_, node) in enumerate(places) if node != here)
+    router = ray.remote(num_cpus=0)(Router).remote([hosts[far]])
+    client = RayClient(router, [hosts[far]], window=window)
+    try:
+        client.attach("far", credits=2)
+        assert client.path("far") == "ray"
+        held = []
+        limit = Deadline(what=f"credits 2 + window {window} chunks held")
+        while sum(len(b) for b in held) < 2 + window:
+            limit.check(len(held))
+            batch = client.poll_batch(timeout=0.5)
+            if batch is not None:
+                held.append(batch)
+        assert client.poll_batch(timeout=1.0) is None  # nothing more while none is released
+        chunks = [c for b in held for c in b.chunks.tolist()]
+        assert len(chunks) == 2 + window
+        for b in held:
+            b.release()
+        chunks += [f.chunk for f in take_until(client, "far", 4)]
+        assert chunks[: 2 + window + 4] == list(range(2 + window + 4))
+    finally:
+        client.close()
+        ray.kill(router)

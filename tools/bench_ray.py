@@ -7,12 +7,16 @@ one session each, flat out:
 - ``direct``: a :class:`~rte.client.shm.ShmClient` of this node's daemon (the floor);
 - ``ray-local``: a :class:`~rte.ray.RayClient` whose session is on this node's daemon
   (shared memory, in place);
-- ``ray-remote``: one whose session is on another node's (its chunks pushed by the host).
+- ``ray-remote``: one whose session is on another node's (its chunks pushed by the
+  host; by default each waits for the caller's release, a round trip);
+- ``ray-remote-w4``: the same, its session 4 chunks ahead of the caller beyond
+  its credits (``RayClient(window=4)``, :mod:`rte.ray.window`): what reading
+  ahead buys in chunks/s, and costs in latency.
 
 Per client and window: chunks/s (``poll_batch``, released per batch) and the
 latency from an action to the first chunk that shows it (p50, p99). Each window
-measures the three in a rotated order (direct, local, remote; then local,
-remote, direct; ...), so none is always the first while the nodes settle;
+measures the forms in a rotated order (direct, local, remote, remote-w4; then
+local, remote, remote-w4, direct; ...), so none is always the first while the nodes settle;
 a whole window of each form is run first and not counted (the cluster's
 processes are still starting), and each form's window opens with a warm-up
 that is not counted either (its session attached, streaming and acting for
@@ -42,7 +46,8 @@ from typing import Any
 from tools import report
 from tools.bench_e2e import flat_out, tag_round
 
-FORMS = ["direct", "ray-local", "ray-remote"]
+FORMS = ["direct", "ray-local", "ray-remote", "ray-remote-w4"]
+AHEAD = 4  # ray-remote-w4's window
 COLUMNS = ["client", "chunks_per_s", "x_direct", "p50_us", "p99_us", "x_direct_p50"]
 FLOOR = ["call_p50_us", "call_p99_us", "stream_items_per_s", "item_p50_us", "item_p99_us"]
 TABLES: list[report.TableSpec] = [
@@ -148,6 +153,8 @@ def run(
         clients: dict[str, Any] = {"direct": ShmClient(places[local][0], timeout=30)}
         for label, index in (("ray-local", local), ("ray-remote", remote)):
             clients[label] = RayClient(router_class.remote([hosts[index]]), [hosts[index]])
+        there = [hosts[remote]]
+        clients["ray-remote-w4"] = RayClient(router_class.remote(there), there, window=AHEAD)
         tags = itertools.count(1)
         idle = floor_actor(places[remote][1])  # (Ray's floor, beside the forms)
         floors: list[dict[str, float]] = []

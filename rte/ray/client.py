@@ -55,6 +55,7 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, RequestError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
+from rte.ray.window import WINDOW
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,17 @@ class RayClient(EngineClient):
     its host's index), ``lost`` (session -> why its host is gone); and
     ``stranded`` (session -> its state: a session of a draining daemon that no
     host took; ``attach(s, state=client.stranded.pop(s))`` once one has room).
+
+    ``window``: how many chunks a session on another node may run ahead of this
+    caller beyond its credits (:mod:`rte.ray.window`; 0: none), so its chunks
+    keep flowing while releases are a round trip away; more chunks per second,
+    and a caller that stops reading stalls its session that many chunks later.
     """
 
     transport: RayTransport
 
-    def __init__(self, router: Any, hosts: list[Any]) -> None:
-        super().__init__(RayTransport(router, hosts))
+    def __init__(self, router: Any, hosts: list[Any], *, window: int = WINDOW) -> None:
+        super().__init__(RayTransport(router, hosts, window))
         ray = self.transport
         self.router, self.hosts, self.owner = router, hosts, ray.owner
         self.places, self.home, self.lost = ray.places, ray.at, ray.lost

@@ -40,6 +40,7 @@ from rte.launch import LaunchedDaemon
 from rte.placement import Placement
 from rte.protocol.requests import Request
 from rte.ray.relay import Ended, Message, Relay
+from rte.ray.window import WINDOW
 
 HEALTH_EVERY_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
@@ -90,11 +91,12 @@ class DaemonHost:
 
     # -- relays for callers elsewhere -------------------------------------------
 
-    def open(self, owner: str) -> Manifest:
-        """A client slot at the daemon for caller ``owner`` (its own: its chunks only)."""
+    def open(self, owner: str, window: int = WINDOW) -> Manifest:
+        """A client slot at the daemon for caller ``owner`` (its own: its chunks
+        only), each session ``window`` chunks ahead of it at most beyond its credits."""
         relay = self.relays.get(owner)
         if relay is None or relay.closed:
-            relay = self.relays[owner] = Relay(self.name)
+            relay = self.relays[owner] = Relay(self.name, window=window)
         return relay.manifest
 
     async def stream(self, owner: str) -> AsyncIterator[Message]:

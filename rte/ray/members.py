@@ -22,6 +22,7 @@ from typing import Any
 from rte.client.shm import ShmTransport
 from rte.errors import EngineGone
 from rte.ray.remote import RemoteMember
+from rte.ray.window import WINDOW
 
 PLACE_TIMEOUT_S = 30.0
 
@@ -32,9 +33,16 @@ class Members:
     """The members of ``hosts`` (at ``places``), opened at their first use; see the module."""
 
     def __init__(
-        self, ray: Any, hosts: list[Any], places: list[tuple[str, str]], node: str, owner: str
+        self,
+        ray: Any,
+        hosts: list[Any],
+        places: list[tuple[str, str]],
+        node: str,
+        owner: str,
+        window: int = WINDOW,
     ) -> None:
         self.ray, self.hosts, self.places, self.node, self.owner = ray, hosts, places, node, owner
+        self.window = window  # (a remote member's: rte.ray.window)
         self.open: dict[int, Member] = {}
         self.gone: dict[int, str] = {}  # host -> why it is lost
 
@@ -56,7 +64,7 @@ class Members:
             if self.local(index):
                 member = ShmTransport(daemon, timeout=PLACE_TIMEOUT_S, wake="fd")
             else:
-                member = RemoteMember(self.ray, self.hosts[index], daemon, self.owner)
+                member = RemoteMember(self.ray, self.hosts[index], daemon, self.owner, self.window)
             self.open[index] = member
         return member
 
@@ -81,11 +89,12 @@ class Members:
     def ready(self) -> bool:
         return any(m.ready() for _, m in self.live())
 
-    def flush(self) -> None:
-        """Send what the remote members have gathered (releases, requests)."""
+    def flush(self, *, force: bool = True) -> None:
+        """Send what the remote members have gathered (releases; not ``force``:
+        only a member's that has gathered enough, see :meth:`RemoteMember.flush`)."""
         for member in self.open.values():
             if isinstance(member, RemoteMember):
-                member.flush()
+                member.flush(force=force)
 
     # -- waiting on an event loop -------------------------------------------
 

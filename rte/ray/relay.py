@@ -16,10 +16,15 @@ each caller's chunks are that slot's, no sorting between callers) and relays:
   list: notices as they are, each step's batch as a :class:`Step` (its chunks
   copied once, into the object store's message). One message per wake-up, not a
   call per chunk, and none while nothing arrives.
-- **releases back**: the step's slab slots stay held until the caller releases
-  the rows (:meth:`Relay.give_back`, the caller's releases gathered into one
-  call), so credits hold end to end: a caller that stops reading stalls its own
-  sessions, and neither this actor nor the object store grows.
+- **releases back**: a step's chunks are copied into the message, so a
+  session's rows go back to the daemon as it is sent while the session has room
+  in its window (:mod:`rte.ray.window`: ``window`` chunks ahead of its caller,
+  beyond its credits; its chunks flow while the caller's releases are a round
+  trip away); past that they stay held until the caller releases them
+  (:meth:`Relay.give_back`, the caller's releases gathered into one call). So
+  credits hold end to end: a caller that stops reading stalls its own sessions
+  after ``credits + window`` chunks, and neither this actor nor the object
+  store grows.
 - **states through the object store**: an export is sent with a slot of this
   slot's input segment for the daemon to write the state into; when its
   EXPORTED comes, the state's bytes are put in Ray's object store here and an
@@ -49,6 +54,7 @@ from rte.contract import Manifest, Notice, NoticeKind
 from rte.errors import AdmissionError, EngineGone, RequestTimeout, RteError, StateError
 from rte.protocol.inputs import with_conditioning
 from rte.protocol.requests import STATE_KEY, Attach, Export, Request
+from rte.ray.window import WINDOW, Window
 
 CHECK_EVERY_S = 0.25  # a sleeping relay checks its daemon's liveness this often
 RETRY_S = 0.0005  # no room in the daemon's inbox: try again after this
@@ -100,10 +106,10 @@ Message = list[Step | Exported | Notice | Ended]
 class Relay:
     """Daemon ``name``'s client for one caller elsewhere; see the module."""
 
-    def __init__(self, name: str, timeout: float = 30.0) -> None:
+    def __init__(self, name: str, timeout: float = 30.0, window: int = WINDOW) -> None:
         self.transport = ShmTransport(name, timeout=timeout, wake="fd")
         self.manifest: Manifest = self.transport.manifest
-        self.held: dict[int, list[Any]] = {}  # ident -> [batch, rows not yet given back]
+        self.window = Window(self._to_daemon, window)  # the rows sent, which went back early
         self._next = 0
         self._early: list[Notice] = []  # refusals of requests, to go out first
         self._exports: dict[int, Export] = {}  # seq -> an export sent with its slot
@@ -192,17 +198,15 @@ class Relay:
         return with_conditioning(request, {**request.conditioning, STATE_KEY: data})
 
     def give_back(self, releases: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
-        """The caller released these rows (by batch): their slots go back."""
+        """The caller released these rows (by batch): those still held go back, and
+        each session's window moves on (:mod:`rte.ray.window`)."""
         self.counts["give_backs"] += 1
         for ident, rows in releases:
-            held = self.held.get(ident)
-            if held is None or self.transport.closed:
-                continue
-            batch, left = held
+            self.window.released(ident, rows)
+
+    def _to_daemon(self, batch: ChunkBatch, rows: np.ndarray[Any, Any]) -> None:
+        if not self.transport.closed:
             self.transport.give_back(batch, rows)
-            held[1] = left - len(rows)
-            if held[1] <= 0:
-                del self.held[ident]
 
     # -- arrivals out -----------------------------------------------------------
 
@@ -280,10 +284,9 @@ class Relay:
     def _step(self, batch: ChunkBatch) -> Step:
         ident, self._next = self._next, self._next + 1
         self.counts["steps"] += 1
-        self.held[ident] = [batch, len(batch)]
         latents = batch.latents
         copied = np.array(latents) if batch.contiguous else np.stack(list(latents))
-        return Step(
+        step = Step(
             ident,
             list(batch.sessions),
             np.array(batch.chunks),
@@ -293,6 +296,8 @@ class Relay:
             batch.emitted_ns,
             batch.pushed_ns,
         )
+        self.window.sent_step(ident, batch)  # (copied: rows with room go back now)
+        return step
 
     def _poke(self) -> None:
         if self._woke is not None:
@@ -310,7 +315,7 @@ class Relay:
                 self._leave()
 
     def _leave(self) -> None:
-        self.held.clear()
+        self.window.clear()
         with contextlib.suppress(Exception):
             self.transport.close()
 

@@ -8,8 +8,10 @@ member iterates the host's streaming generator, puts each message on a queue
 and writes an eventfd, so the caller's wait (a ``poll`` over its local
 daemons' FIFOs and these eventfds, or an event loop's ``add_reader``) wakes
 for them as for any other arrival, and nothing asks the host for chunks.
-Releases are gathered and given back in one actor call at the caller's next
-wait or receive (:meth:`RemoteMember.flush`).
+Releases are gathered and given back in one actor call (:meth:`RemoteMember.flush`):
+before the caller sleeps, or once half a window's rows are gathered (the host
+gives rows back early, up to a window per session: :mod:`rte.ray.window`), so
+a caller reading flat out makes one call per several chunks, not one per step.
 
 States cross through Ray's object store, never an actor call's arguments: an
 attach moving a session in puts the state's bytes there (``ray.put``, this
@@ -41,6 +43,7 @@ from rte.protocol.inputs import with_conditioning
 from rte.protocol.requests import STATE_KEY, Attach, Export, Request
 from rte.protocol.wire import encode_request
 from rte.ray.relay import Ended, Exported, Message, Step, StoredState
+from rte.ray.window import WINDOW
 from rte.state import SessionState
 
 OPEN_TIMEOUT_S = 30.0
@@ -62,16 +65,19 @@ class RemoteLease:
 class RemoteMember:
     """Caller ``owner``'s slot at ``host``'s daemon ``name``, streamed; see the module."""
 
-    def __init__(self, ray: Any, host: Any, name: str, owner: str) -> None:
+    def __init__(self, ray: Any, host: Any, name: str, owner: str, window: int = WINDOW) -> None:
         self.ray, self.host, self.name, self.owner = ray, host, name, owner
+        self.flush_rows = max(1, window // 2)  # releases gathered before one is sent unasked
         try:
-            self.manifest: Manifest = ray.get(host.open.remote(owner), timeout=OPEN_TIMEOUT_S)
+            opened = host.open.remote(owner, window)
+            self.manifest: Manifest = ray.get(opened, timeout=OPEN_TIMEOUT_S)
         except Exception as exc:
             raise EngineGone(f"the host of daemon {name!r} did not open a slot: {exc}") from None
         self.closed = False
         self.ended = ""  # why the stream ended (the daemon or its node gone)
         self._queue: collections.deque[Message] = collections.deque()
         self._releases: list[tuple[int, np.ndarray[Any, Any]]] = []
+        self._gathered = 0  # rows in _releases
         self.states: dict[int, Any] = {}  # seq of an export -> its state's ObjectRef
         self._abandoned: set[int] = set()  # exports whose caller stopped waiting
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -186,12 +192,16 @@ class RemoteMember:
 
     def give_back(self, ident: int, rows: np.ndarray[Any, Any]) -> None:
         self._releases.append((ident, rows))
+        self._gathered += len(rows)
 
-    def flush(self) -> None:
-        """The releases gathered since the last flush, to the host in one call."""
+    def flush(self, *, force: bool = True) -> None:
+        """The releases gathered since the last flush, to the host in one call (not
+        ``force``: only once :attr:`flush_rows` are gathered)."""
+        if not force and self._gathered < self.flush_rows:
+            return
         if self._releases and not self.ended:
             self.host.give_back.remote(self.owner, self._releases)
-        self._releases = []
+        self._releases, self._gathered = [], 0
 
     # -- waiting --------------------------------------------------------------
 

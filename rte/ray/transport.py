@@ -55,6 +55,7 @@ from rte.errors import EngineGone, UnknownSessionError
 from rte.protocol.requests import Attach, Detach, Export, Request
 from rte.ray.members import PLACE_TIMEOUT_S, Member, Members
 from rte.ray.remote import RemoteLease, RemoteMember
+from rte.ray.window import WINDOW
 from rte.state import SessionState
 
 CHECK_EVERY_S = 0.25  # how often the router's losses are read (and a sleep is cut)
@@ -90,7 +91,7 @@ class Homes(Mapping[str, str]):
 class RayTransport(Transport):
     """The daemons of ``hosts`` (placed by ``router``) as one transport; see the module."""
 
-    def __init__(self, router: Any, hosts: list[Any]) -> None:
+    def __init__(self, router: Any, hosts: list[Any], window: int = WINDOW) -> None:
         import ray  # noqa: PLC0415 (the optional extra)
 
         self.ray, self.router, self.hosts = ray, router, hosts
@@ -99,7 +100,7 @@ class RayTransport(Transport):
         self.places: list[tuple[str, str]] = ray.get([h.where.remote() for h in hosts])
         self.name = "+".join(daemon for daemon, _ in self.places)
         self.manifest = ray.get(hosts[0].manifest.remote(), timeout=PLACE_TIMEOUT_S)
-        self.by_host = Members(ray, hosts, self.places, self.node, self.owner)
+        self.by_host = Members(ray, hosts, self.places, self.node, self.owner, window)
         self.at: dict[str, int] = {}  # session -> its host, once ATTACHED
         self.home = Homes(self.at, self.places)  # session -> its daemon's name
         self.members = {daemon: i for i, (daemon, _) in enumerate(self.places)}
@@ -258,7 +259,7 @@ class RayTransport(Transport):
         lates = self.late_attaches
         for index, member in self.by_host.live():
             if isinstance(member, RemoteMember):
-                member.flush()
+                member.flush(force=False)
                 items, ended = member.receive(release)
             else:
                 try:
@@ -322,7 +323,7 @@ class RayTransport(Transport):
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            self.by_host.flush()
+            self.by_host.flush(force=False)
             self._watch()
             if self._pending or self.by_host.ready():
                 return True
@@ -367,6 +368,9 @@ class RayTransport(Transport):
         return self.by_host.wake_fds()
 
     def arm(self) -> bool:
+        """Before any sleep: every release gathered goes to its host (its sessions
+        may be stalled for them), then the local members are armed."""
+        self.by_host.flush()
         return bool(self._pending) or self.by_host.ready() or self.by_host.arm()
 
     def disarm(self) -> bool:
