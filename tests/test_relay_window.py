@@ -104,6 +104,14 @@ def test_a_caller_that_never_releases_holds_at_most_the_window_ahead() -> None:
     assert window.sent == {} and window.ahead == {}
 
 
-def test_a_negative_window_is_refused() -> None:
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_a_window_that_is_no_count_of_chunks_is_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="window"):
-        Window(Daemon().give_back, -1)
+        Window(Daemon().give_back, bad)
+
+
+def test_a_ray_client_refuses_a_bad_window_before_it_asks_anyone() -> None:
+    from rte.ray import RayClient  # noqa: PLC0415 (sets Ray's environment first)
+
+    with pytest.raises(ValueError, match="window"):
+        RayClient(None, [], window=-2)  # (no router, no host: nothing was asked)

@@ -55,7 +55,7 @@ from rte.contract import Notice, NoticeKind
 from rte.errors import EngineGone, RequestError, UnknownSessionError
 from rte.ray.remote import RemoteLease
 from rte.ray.transport import RayTransport
-from rte.ray.window import WINDOW
+from rte.ray.window import WINDOW, check_window
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class RayClient(EngineClient):
     transport: RayTransport
 
     def __init__(self, router: Any, hosts: list[Any], *, window: int = WINDOW) -> None:
+        check_window(window)  # (here: not as a host's refusal to open a slot)
         super().__init__(RayTransport(router, hosts, window))
         ray = self.transport
         self.router, self.hosts, self.owner = router, hosts, ray.owner

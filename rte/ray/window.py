@@ -23,6 +23,7 @@ of no step it sent, or one released twice) changes nothing.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,14 @@ import numpy as np
 from rte.client.batch import ChunkBatch
 
 WINDOW = 0  # chunks a relayed session may run ahead of its caller, beyond its credits
+
+GiveBack = Callable[[ChunkBatch, "np.ndarray[Any, Any]"], None]
+
+
+def check_window(window: int) -> None:
+    """ValueError unless ``window`` is a whole number of chunks, 0 or more."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be a whole number of chunks, 0 or more, not {window!r}")
 
 
 class Sent:
@@ -50,9 +59,8 @@ class Window:
     ``give_back(batch, rows)`` gives rows back to the daemon (the relay's
     transport's); ``window``: chunks each session may have ahead."""
 
-    def __init__(self, give_back: Any, window: int = WINDOW) -> None:
-        if window < 0:
-            raise ValueError(f"window must be 0 or more chunks, not {window}")
+    def __init__(self, give_back: GiveBack, window: int = WINDOW) -> None:
+        check_window(window)
         self.window = window
         self._give_back = give_back
         self.sent: dict[int, Sent] = {}  # ident -> its rows still out
