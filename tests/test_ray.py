@@ -405,3 +405,44 @@ def test_a_remote_session_runs_its_window_ahead_of_a_caller_that_stops_reading(
     finally:
         client.close()
         ray.kill(router)
+
+
+def test_a_caller_that_only_polls_without_waiting_gives_its_releases_back(
+    cluster: tuple[Any, list[Any], Any, float],
+) -> None:
+    """Releases are gathered until half a window (rte.ray.window), but never kept
+    from a host that waits for them: a caller that only polls with timeout 0 (a
+    game loop's frame check; it never sleeps) and has a release gathered when its
+    session stalls gets it back to the host at its next poll that finds nothing,
+    so its session goes on (it waited for ever: the gathered release was sent only
+    before a sleep, or once half a window was gathered)."""
+    _, hosts, _, _ = cluster
+    here = ray.get_runtime_context().get_node_id()
+    places = ray.get([h.where.remote() for h in hosts], timeout=30)
+    far = next(i for i, (_, node) in enumerate(places) if node != here)
+    router = ray.remote(num_cpus=0)(Router).remote([hosts[far]])
+    client = RayClient(router, [hosts[far]], window=4)  # 2 credits + 4: 6 out; sent at 2
+    try:
+        client.attach("far", credits=2)
+        kept, last = [], None
+        limit = Deadline(what="6 chunks, polled without waiting")
+        while len(kept) < 6:
+            limit.check(len(kept))
+            batch = client.poll_batch(timeout=0)
+            if batch is None:
+                time.sleep(0.001)
+                continue
+            kept.append(batch)
+        last = kept.pop()  # five kept; the sixth released: one release gathered
+        last.release()
+        limit = Deadline(what="a seventh chunk, polled without waiting")
+        while (batch := client.poll_batch(timeout=0)) is None:
+            limit.check()
+            time.sleep(0.001)
+        assert batch.chunks.tolist() == [6]
+        batch.release()
+        for held in kept:
+            held.release()
+    finally:
+        client.close()
+        ray.kill(router)

@@ -9,9 +9,11 @@ and writes an eventfd, so the caller's wait (a ``poll`` over its local
 daemons' FIFOs and these eventfds, or an event loop's ``add_reader``) wakes
 for them as for any other arrival, and nothing asks the host for chunks.
 Releases are gathered and given back in one actor call (:meth:`RemoteMember.flush`):
-before the caller sleeps, or once half a window's rows are gathered (the host
-gives rows back early, up to a window per session: :mod:`rte.ray.window`), so
-a caller reading flat out makes one call per several chunks, not one per step.
+before the caller sleeps, at a receive that finds nothing come (a caller that
+polls without waiting never sleeps), or once half a window's rows are gathered
+(the host gives rows back early, up to a window per session:
+:mod:`rte.ray.window`), so a caller reading flat out makes one call per several
+chunks, not one per step.
 
 States cross through Ray's object store, never an actor call's arguments: an
 attach moving a session in puts the state's bytes there (``ray.put``, this

@@ -259,7 +259,9 @@ class RayTransport(Transport):
         lates = self.late_attaches
         for index, member in self.by_host.live():
             if isinstance(member, RemoteMember):
-                member.flush(force=False)
+                # (nothing came: the caller has caught up, and its host may be stalled
+                # for what it released; a caller that polls without waiting never sleeps)
+                member.flush(force=not member.ready())
                 items, ended = member.receive(release)
             else:
                 try:
