@@ -424,7 +424,7 @@ def test_a_caller_that_only_polls_without_waiting_gives_its_releases_back(
     client = RayClient(router, [hosts[far]], window=4)  # 2 credits + 4: 6 out; sent at 2
     try:
         client.attach("far", credits=2)
-        kept, last = [], None
+        kept = []
         limit = Deadline(what="6 chunks, polled without waiting")
         while len(kept) < 6:
             limit.check(len(kept))

@@ -324,8 +324,7 @@ class RayTransport(Transport):
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while True:
-            self.by_host.flush(force=False)
+        while True:  # (releases go back at the receive, or before a sleep: arm)
             self._watch()
             if self._pending or self.by_host.ready():
                 return True

@@ -73,6 +73,9 @@ class Window:
         sessions = list(batch.sessions)
         out = self.sent[ident] = Sent(batch, sessions)
         ahead, window, early = self.ahead, self.window, []
+        if not window:  # nothing goes ahead: each row waits for its own release
+            out.held.update(range(len(sessions)))
+            return
         for position, session in enumerate(sessions):
             count = ahead.get(session, 0)
             if count < window:
