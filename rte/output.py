@@ -120,11 +120,7 @@ class BatchResults(Sequence[StepResult]):
     def __getitem__(self, index: slice) -> list[StepResult]: ...
 
     def __getitem__(self, index: int | slice) -> StepResult | list[StepResult]:
-        if self._all is not None or type(index) is not int:
-            return self.made()[index]
-        b = self.batch
-        row = (b.sessions[index], b.chunks[index], ResultKind.CHUNK, b.out[index], self.timing)
-        return _new_result((*row, None, 0))
+        return self.made()[index]
 
     def __iter__(self) -> Iterator[StepResult]:
         return iter(self.made())

@@ -69,7 +69,7 @@ class Receipts:
 
     def handed(self, results: Sequence[StepResult], seqs: Mapping[str, int]) -> None:
         """The step that made ``results`` was handed the actions of ``seqs`` (session -> seq)."""
-        if type(results) is BatchResults and not results.is_made:  # every one a CHUNK
+        if type(results) is BatchResults:  # every one a CHUNK: read from its columns
             self._handed_batch(results, seqs)
             return
         ahead = self.ahead

@@ -37,12 +37,12 @@ def test_a_batch_answers_as_its_list_of_chunk_results() -> None:
     batch = _batch(5)
     lazy, eager = BatchResults(batch, 456), chunk_results(batch, 456)
     assert len(lazy) == 5 and lazy.timing == eager[0].timing
+    assert not lazy.is_made  # its length and time: read from the batch, nothing made
     assert lazy[0] == eager[0] and lazy[-1] == eager[-1] and lazy[2].latent is batch.out[2]
-    assert not lazy.is_made  # one index makes that one result only
+    assert lazy.is_made  # looked at: made, once
     with pytest.raises(IndexError):
         lazy[5]
     assert lazy[1:3] == eager[1:3]
-    assert lazy.is_made
     assert list(lazy) == eager and lazy == eager and eager == lazy
     assert lazy == BatchResults(batch, 456) and lazy != eager[:4] and lazy != "not a list"
     assert [r.session for r in lazy if r.kind is ResultKind.CHUNK] == batch.sessions

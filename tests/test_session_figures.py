@@ -86,3 +86,38 @@ def test_no_client_can_write_the_figures(shm_prefix: str) -> None:
             assert stat.st_mode & 0o777 == 0o600  # the daemon's user alone
     finally:
         assert daemon.stop() == 0, daemon.stderr
+
+
+def test_the_figures_count_the_chunks_of_steps_that_several_batches_made(
+    shm_prefix: str,
+) -> None:
+    """Sessions attached one by one while the others stream: the steps just after
+    each join decode several batches (a lease each, sent as one STEP record by the
+    daemon's other path than the one C call), and every chunk of them is counted
+    in its session's figures as the others are."""
+    daemon = DaemonProcess(f"{shm_prefix}fsj", "--model", "null", "--max-sessions", "6")
+    names = [f"s{i}" for i in range(6)]
+    try:
+        with daemon.client() as client:
+            got = dict.fromkeys(names, 0)
+            for session in names:
+                client.attach(session)
+                end = time.monotonic() + 0.2
+                while time.monotonic() < end:
+                    batch = client.poll_batch(timeout=0.05)
+                    if batch is not None:
+                        with batch:
+                            for s in batch.sessions:
+                                got[s] += 1
+            for session in names:
+                client.detach(session)  # (its last chunks: not taken, counted)
+            wait_for(lambda: not _live(daemon.name), what="every session detached")
+            counted = {
+                s["session"]: s["chunks"]
+                for c in snapshot(daemon.name)["clients"]
+                for s in c["session_figures"]
+            }
+            for session, n in got.items():
+                assert n > 0 and n <= counted[session] <= n + 3, (session, n, counted)
+    finally:
+        assert daemon.stop() == 0, daemon.stderr

@@ -108,9 +108,8 @@ class SlabAllocator:
                 if positions is None:
                     buffers = loan.rows
                     batch.out_block = loan.block  # one run of slots (None if scattered)
-                    lease = Lease(
-                        owner, loan, sessions, chunks, batch.generated_ns, 0, batch.chunk_words
-                    )
+                    generated, words = batch.generated_ns, batch.chunk_words
+                    lease = Lease(owner, loan, sessions, chunks, generated, chunk_words=words)
                 else:
                     for position, row in zip(positions, loan.rows, strict=True):
                         buffers[position] = row
@@ -154,10 +153,7 @@ class SlabAllocator:
         if len(leases) == 1:  # the usual case: one batch of one client
             (lease,) = leases
             chunk = ResultKind.CHUNK
-            if results and results[0].kind is chunk:  # (most often: no look further)
-                first: StepResult | None = results[0]
-            else:
-                first = next((r for r in results if r.kind is chunk), None)
+            first = next((r for r in results if r.kind is chunk), None)
             lease.emitted_ns = first.timing.emitted_ns if first is not None else time.monotonic_ns()
             return leases, len(lease.sessions)
         # several batches (several clients, or engines): each its own engine's time,

@@ -94,7 +94,7 @@ class SessionFigures:
                 a.flags.writeable = False
         self.period_ns = period_ns
         self._late_ns = int(period_ns * ON_TIME_PERIODS) if period_ns else 1 << 62
-        self.kept: list[tuple[np.ndarray[Any, Any], int, list[int] | None]] = []
+        self._steps: list[tuple[np.ndarray[Any, Any], int, list[int] | None]] = []
         self._since_ns = 0  # when the oldest step kept was emitted
         # actions received while steps are kept: (steps kept before it, handle, seq, ns)
         self._acts: list[tuple[int, int, int, int]] = []
@@ -134,7 +134,7 @@ class SessionFigures:
         """A step emitted one chunk to each of ``handles`` (distinct) at ``now_ns``;
         ``applied``: their receipts (None: no session has acted). Kept, and counted
         with the next steps' (:meth:`flush`)."""
-        pending = self.kept
+        pending = self._steps
         if not pending:
             self._since_ns = now_ns
         pending.append((handles, now_ns, applied))
@@ -151,23 +151,24 @@ class SessionFigures:
         return self._counter.c
 
     def count(self, handles: Any, now_ns: int, applied: Any = None) -> None:
-        """A step's chunks counted at once in C (``shm_figures_count``), as a
-        writer that counts them counts them: ``handles`` and ``applied``
-        (``uint32`` buffers; None: no receipts), what :meth:`emitted` keeps."""
+        """A step's chunks counted at once in C (``shm_figures_count``), as the
+        in-place writer counts the steps it sends (the daemon's other sends, and
+        tests/test_figures.py's C side): ``handles`` and ``applied`` (``uint32``
+        buffers; None: no receipts), what :meth:`emitted` keeps for NumPy."""
         self.flush()
         assert self._counter is not None, "read-only figures are never counted"
         self._counter.count(handles, now_ns, applied)
 
     def flush_stale(self, now_ns: int) -> None:
         """:meth:`flush` if the oldest step kept is older than ``FLUSH_NS``."""
-        if self.kept and now_ns - self._since_ns >= FLUSH_NS:
+        if self._steps and now_ns - self._since_ns >= FLUSH_NS:
             self.flush()
 
     def flush(self) -> None:
         """Count the steps kept since the last flush, all at once: the figures then
         are those of one update per step, in order (tests/test_figures.py holds the
         two equal), for about the NumPy calls of one."""
-        steps, self.kept = self.kept, []
+        steps, self._steps = self._steps, []
         acts, self._acts = self._acts, []
         if not steps:
             for _, handle, seq, now_ns in acts:
@@ -269,10 +270,10 @@ class SessionFigures:
         """An action ``seq`` of the session was received (timed if none is pending).
         Kept, in order with the steps kept (a flush for each action was a quarter
         of a flat daemon's time when its client acted every few steps; py-spy)."""
-        if not self.kept:
+        if not self._steps:
             self._pend(handle, seq, now_ns)
             return
-        self._acts.append((len(self.kept), handle, seq, now_ns))
+        self._acts.append((len(self._steps), handle, seq, now_ns))
         if len(self._acts) >= FLUSH_STEPS:
             self.flush()
 

@@ -168,8 +168,6 @@ class Outbound:
                 owner,
                 step_writer(owner.outbox, self.slab, self.histogram, self.control.segment, counted),
             )
-        elif figures is not None and figures.kept:  # the reference's steps count first
-            figures.flush()
         loan, emitted_ns = lease.loan, lease.emitted_ns
         receipts = self.receipts
         applied = receipts.column(lease.sessions, lease.chunks) if receipts is not None else None
@@ -218,8 +216,11 @@ class Outbound:
                 self.histogram.add(pushed - emitted_ns)
                 owner.emitted[index] += 1
                 self._emitted += len(slots)
-                if owner.figures is not None:
-                    owner.figures.emitted(index, emitted_ns, applied)
+                figures = owner.figures
+                if figures is not None and IN_PLACE:  # counted in C, as the writer does
+                    figures.count(handles, emitted_ns, _words(applied))
+                elif figures is not None:  # the reference's NumPy, kept and counted together
+                    figures.emitted(index, emitted_ns, applied)
                 return
         # nobody will read them: give them back as their reader would
         with contextlib.suppress(ShmError):
@@ -289,3 +290,8 @@ class _Record:
             # runs leased one after another may join into one: the one test of a run
             all(lease.loan.contiguous for lease in leases) and one_run(slots),
         )
+
+
+def _words(applied: list[int] | None) -> array.array[int] | None:
+    """Receipts as the ``uint32`` column the C counts (None: no session has acted)."""
+    return None if applied is None else array.array("I", applied)
